@@ -1,0 +1,47 @@
+"""``python -m tamrun [overrides]``: a thin Hydra entry point around `tamrun.runner.run`.
+
+Exit codes: 0 success; 2 bad input (config, data, device, memory limit: one readable message);
+1 an internal error (with its traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+
+def main() -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    from tamrun.config.load import config_dir
+    from tamrun.config.store import register_configs
+    from tamrun.errors import TamrunError
+    from tamrun.runner import run
+
+    register_configs()
+    started = []
+
+    @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+    def app(cfg: DictConfig) -> Optional[float]:
+        started.append(True)
+        try:
+            result = run(cfg, overrides=list(HydraConfig.get().overrides.task))
+        except TamrunError as exc:
+            sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
+            sys.exit(2)
+        return result.metrics.get("rmse_test")
+
+    try:
+        app()
+    except SystemExit as exc:
+        # Hydra exits 1 on a bad override or an unknown config option, before the job starts:
+        # that is bad input too.
+        if exc.code == 1 and not started:
+            raise SystemExit(2) from None
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Range and consistency checks of a composed config, with messages that name field, value and fix."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tamrun.config.schema import Config, DataSource
+from tamrun.errors import ConfigError
+from tamrun.memory.units import parse_size
+
+_DERIVED_KINDS = ("time_index", "isin", "expr")
+
+
+def _require(ok: bool, field: str, value: Any, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(field, value, problem, fix)
+
+
+def _fraction(cfg_value: float, field: str) -> None:
+    _require(0 < cfg_value <= 1, field, cfg_value, "a fraction of free memory must lie in (0, 1]",
+             f"set {field} to e.g. 0.9")
+
+
+def check_config(cfg: Config) -> None:
+    """Raise `ConfigError` on the first out-of-range or inconsistent value (effects are checked
+    when they are parsed, see `tamrun.config.effects.parse_effects`)."""
+    mem = cfg.memory
+    for name in ("dense_fraction", "chunk_fraction_gpu", "chunk_fraction_cpu",
+                 "window_fraction_gpu", "window_fraction_cpu"):
+        _fraction(getattr(mem, name), f"memory.{name}")
+    _require(mem.max_dense_dim >= 1, "memory.max_dense_dim", mem.max_dense_dim,
+             "the largest dense dimension must be >= 1", "set memory.max_dense_dim=7500")
+    _require(mem.overhead_factor >= 1, "memory.overhead_factor", mem.overhead_factor,
+             "the overhead factor must be >= 1", "set memory.overhead_factor=1.1")
+    _require(mem.max_chunk_rows is None or mem.max_chunk_rows >= 1, "memory.max_chunk_rows",
+             mem.max_chunk_rows, "must be a positive number of rows or null", "set memory.max_chunk_rows=null")
+    try:
+        limit = parse_size(mem.limit)
+    except ValueError:
+        raise ConfigError("memory.limit", mem.limit, "not a size",
+                          "write a number of bytes or a size with a unit, e.g. memory.limit=2GiB") from None
+    _require(limit is None or limit > 0, "memory.limit", mem.limit, "the limit must be positive",
+             "set memory.limit=2GiB or memory.limit=null")
+    oom = mem.oom
+    _require(oom.max_retries >= 0, "memory.oom.max_retries", oom.max_retries, "must be >= 0",
+             "set memory.oom.max_retries=3")
+    _require(0 < oom.size_factor < 1, "memory.oom.size_factor", oom.size_factor,
+             "the shrink factor must lie in (0, 1)", "set memory.oom.size_factor=0.7")
+    _require(oom.delay_ms >= 0, "memory.oom.delay_ms", oom.delay_ms, "must be >= 0",
+             "set memory.oom.delay_ms=200")
+
+    sol = cfg.solver
+    _require(sol.tol is None or (math.isfinite(sol.tol) and 0 < sol.tol < 1), "solver.tol", sol.tol,
+             "the CG relative-residual tolerance must lie in (0, 1)", "set solver.tol=1e-6 (or null for the dtype's default)")
+    _require(sol.max_iter >= 1, "solver.max_iter", sol.max_iter, "must be >= 1", "set solver.max_iter=2000")
+    _require(sol.jitter >= 0, "solver.jitter", sol.jitter, "must be >= 0", "set solver.jitter=1e-6")
+    _require(sol.jitter_growth > 1, "solver.jitter_growth", sol.jitter_growth, "must be > 1",
+             "set solver.jitter_growth=10")
+    _require(sol.jitter_max_tries >= 0, "solver.jitter_max_tries", sol.jitter_max_tries, "must be >= 0",
+             "set solver.jitter_max_tries=4")
+
+    hw = cfg.hw
+    known = {"cuda", "mps", "xpu", "cpu"}
+    bad = [d for d in hw.preference if d not in known]
+    _require(not bad and len(hw.preference) > 0, "hw.preference", list(hw.preference),
+             "unknown device in the preference list", "list devices among cuda, mps, xpu, cpu")
+    _require(hw.threads is None or hw.threads >= 1, "hw.threads", hw.threads, "must be >= 1 or null",
+             "set hw.threads=null")
+
+    _require(cfg.data.source != DataSource.file or bool(cfg.data.path), "data.path", cfg.data.path,
+             "data.source=file needs the path of a CSV file", "set data.path=/path/to/file.csv")
+    for name, derived in cfg.data.derived.items():
+        field = f"data.derived.{name}"
+        _require(derived.kind in _DERIVED_KINDS, f"{field}.kind", derived.kind, "unknown derived-column kind",
+                 f"use one of {', '.join(_DERIVED_KINDS)}")
+        if derived.kind == "isin":
+            _require(bool(derived.column) and bool(derived.values), field, derived.column,
+                     "an isin column needs a source column and values", f"set {field}.column and {field}.values")
+        if derived.kind == "expr":
+            _require(bool(derived.expr), f"{field}.expr", derived.expr, "an expr column needs an expression",
+                     f"set {field}.expr, e.g. 'day_type_week >= 5'")
+
+    _require(bool(cfg.tracking.experiment), "tracking.experiment", cfg.tracking.experiment,
+             "the experiment name is empty", "set tracking.experiment=tamrun")

@@ -1,0 +1,174 @@
+"""Typed schemas of every config group; Hydra merges the YAML of conf/ into these.
+
+The root `Config` is registered as ``base_config`` (see `tamrun.config.store`), so a wrong type or an
+unknown key is refused by Hydra itself; range and consistency checks live in `tamrun.config.checks`.
+Effects are a mapping name -> spec (``Dict[str, Any]`` here) so that every field of every effect can
+be overridden on the command line; each spec is parsed into its kind's dataclass in
+`tamrun.config.effects`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+class DType(str, Enum):
+    float64 = "float64"
+    float32 = "float32"
+
+
+class DeviceKind(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+    mps = "mps"
+    xpu = "xpu"
+
+
+class SolverName(str, Enum):
+    auto = "auto"
+    direct = "direct"
+    cg = "cg"
+
+
+class Preconditioner(str, Enum):
+    none = "none"
+    jacobi = "jacobi"
+
+
+class DataSource(str, Enum):
+    embedded = "embedded"
+    file = "file"
+
+
+class NanPolicy(str, Enum):
+    error = "error"
+    drop = "drop"
+
+
+@dataclass
+class DerivedColumn:
+    """A column computed from the data before the effects see it.
+
+    kind ``time_index``: (date - first training date) in units of ``unit`` (a pandas offset such as
+    ``D`` or ``h``); kind ``isin``: 1.0 where ``column`` takes one of ``values``, else 0.0;
+    kind ``expr``: ``pandas.DataFrame.eval(expr)``.
+    """
+
+    kind: str = MISSING
+    column: Optional[str] = None
+    values: Optional[List[float]] = None
+    unit: str = "D"
+    expr: Optional[str] = None
+
+
+@dataclass
+class DataConfig:
+    name: str = "national"
+    # embedded: the national dataset shipped inside the package; file: the CSV at `path`.
+    source: DataSource = DataSource.embedded
+    path: Optional[str] = None
+    date_column: str = "date"
+    target: str = "Load"
+    group: Optional[str] = "tod"
+    derived: Dict[str, DerivedColumn] = field(default_factory=dict)
+    nan_policy: NanPolicy = NanPolicy.error
+
+
+@dataclass
+class SplitConfig:
+    """Calendar split; all bounds are inclusive days (``None`` = open end)."""
+
+    train_start: Optional[str] = None
+    train_end: str = "2023-12-31"
+    test_start: str = "2024-01-01"
+    test_end: Optional[str] = "2024-12-31"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    effects: Dict[str, Any] = field(default_factory=dict)
+    intercept: bool = True
+    # log10 penalty of the intercept column (the peer uses -9).
+    intercept_ap: float = -9.0
+
+
+@dataclass
+class HardwareConfig:
+    device: DeviceKind = DeviceKind.auto
+    # Order tried by device=auto.
+    preference: List[str] = field(default_factory=lambda: ["cuda", "mps", "xpu", "cpu"])
+    # torch intra-op threads on the CPU; None leaves torch's default.
+    threads: Optional[int] = None
+
+
+@dataclass
+class OomConfig:
+    max_retries: int = 3
+    size_factor: float = 0.7
+    delay_ms: float = 200.0
+    verbose: bool = False
+
+
+@dataclass
+class MemoryConfig:
+    """The memory waterfall (DESIGN.md section 4); fractions are of free memory."""
+
+    dense_fraction: float = 0.9
+    max_dense_dim: int = 7500
+    chunk_fraction_gpu: float = 0.9
+    chunk_fraction_cpu: float = 0.7
+    window_fraction_gpu: float = 0.8
+    window_fraction_cpu: float = 0.6
+    # A cap on everything above: bytes or a size string ("2GiB", "512MB"); None = no cap.
+    limit: Optional[str] = None
+    overhead_factor: float = 1.1
+    # Rows per design chunk never exceed this (keeps the chunk loop responsive); None = no cap.
+    max_chunk_rows: Optional[int] = None
+    oom: OomConfig = field(default_factory=OomConfig)
+
+
+@dataclass
+class SolverConfig:
+    name: SolverName = SolverName.auto
+    # CG stops when ||r_g|| <= tol * ||b_g|| for every group g; None = the dtype's default
+    # (tamrun.solve.cg.DEFAULT_TOL: 1e-6 in float64, 1e-4 in float32).
+    tol: Optional[float] = None
+    max_iter: int = 2000
+    preconditioner: Preconditioner = Preconditioner.jacobi
+    # Jitter added to the normalised system: (Phi'Phi/n + P + jitter I) beta = Phi'y/n.
+    jitter: float = 1e-6
+    # Cholesky retries multiply the jitter by jitter_growth, at most jitter_max_tries times.
+    jitter_growth: float = 10.0
+    jitter_max_tries: int = 4
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    # None: sqlite:///<cwd>/outputs/mlflow.db
+    uri: Optional[str] = None
+    # None: <folder of the sqlite file>/mlartifacts
+    artifact_root: Optional[str] = None
+    experiment: str = "tamrun"
+    run_name: Optional[str] = None
+    log_predictions: bool = True
+    log_plots: bool = True
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hw: HardwareConfig = field(default_factory=HardwareConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
+    dtype: DType = DType.float64
+    seed: int = 0

@@ -1,0 +1,1 @@
+"""Data: load (embedded default or a user file), derived columns, split by time, batch by group."""

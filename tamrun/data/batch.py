@@ -1,0 +1,98 @@
+"""Arrange a split's rows as padded per-group tensors and learn the per-group feature ranges.
+
+Shapes: G groups, N = the largest group's row count, F feature columns. Ragged groups are padded
+with weight 0, so a padded row contributes nothing to Phi'W Phi or Phi'W y.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tamrun.errors import DataError
+
+
+@dataclass
+class GroupedBatch:
+    """One split as a batch: ``x`` (G, N, F) raw features, ``y`` (G, N), ``weight`` (G, N) in {0, 1},
+    ``row_index`` (G, N) the row's position in the split's frame (-1 for padding)."""
+
+    groups: list
+    columns: list
+    x: torch.Tensor
+    y: torch.Tensor
+    weight: torch.Tensor
+    row_index: np.ndarray
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """(G,) rows per group."""
+        return self.weight.sum(dim=1)
+
+    def to(self, device: torch.device) -> "GroupedBatch":
+        return GroupedBatch(self.groups, self.columns, self.x.to(device), self.y.to(device),
+                            self.weight.to(device), self.row_index)
+
+
+def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group: Optional[str],
+                dtype: torch.dtype, groups: Optional[list] = None) -> GroupedBatch:
+    """Pad ``frame`` into a `GroupedBatch` (rows keep their order within a group).
+
+    ``groups`` fixes the group order (the training groups, for a test split); a test group
+    unseen in training raises `DataError`.
+    """
+    keys = frame[group].to_numpy() if group else np.zeros(len(frame), dtype=np.int64)
+    if groups is None:
+        groups = sorted(pd.unique(keys).tolist())
+    position = {g: i for i, g in enumerate(groups)}
+    try:
+        gidx = np.fromiter((position[k] for k in keys), dtype=np.int64, count=len(keys))
+    except KeyError as exc:
+        raise DataError("data.group", group, f"group {exc.args[0]!r} appears in the test split but not in training",
+                        "train on a period that covers every group, or drop that group") from None
+    order = np.argsort(gidx, kind="stable")
+    counts = np.bincount(gidx, minlength=len(groups))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    pos = np.arange(len(keys)) - np.repeat(starts, counts)
+    n_max = int(counts.max()) if len(counts) else 0
+    rows, g_sorted = order, gidx[order]
+
+    x = np.zeros((len(groups), n_max, len(columns)), dtype=np.float64)
+    x[g_sorted, pos] = frame[list(columns)].to_numpy(dtype=np.float64)[rows]
+    y = np.zeros((len(groups), n_max), dtype=np.float64)
+    y[g_sorted, pos] = frame[target].to_numpy(dtype=np.float64)[rows]
+    weight = np.zeros((len(groups), n_max), dtype=np.float64)
+    weight[g_sorted, pos] = 1.0
+    row_index = np.full((len(groups), n_max), -1, dtype=np.int64)
+    row_index[g_sorted, pos] = rows
+    return GroupedBatch(list(groups), list(columns), torch.as_tensor(x, dtype=dtype), torch.as_tensor(y, dtype=dtype),
+                        torch.as_tensor(weight, dtype=dtype), row_index)
+
+
+@dataclass
+class RangeScaler:
+    """Per-group affine map of each feature to [-1, 1] over its training range:
+    z = (x - center) / half, center = (max + min) / 2, half = (max - min) / 2 (1 if constant).
+    ``center`` and ``half`` are (G, F)."""
+
+    center: torch.Tensor
+    half: torch.Tensor
+
+    @classmethod
+    def fit(cls, batch: GroupedBatch) -> "RangeScaler":
+        real = batch.weight.unsqueeze(-1) > 0
+        hi = torch.where(real, batch.x, torch.full_like(batch.x, -torch.inf)).amax(dim=1)
+        lo = torch.where(real, batch.x, torch.full_like(batch.x, torch.inf)).amin(dim=1)
+        half = (hi - lo) / 2
+        return cls(center=(hi + lo) / 2, half=torch.where(half > 0, half, torch.ones_like(half)))
+
+    def apply(self, x: torch.Tensor, group_slice: slice = slice(None)) -> torch.Tensor:
+        """Scale ``x`` (g, n, F) whose groups are ``group_slice`` of the fitted ones."""
+        return (x - self.center[group_slice].unsqueeze(1)) / self.half[group_slice].unsqueeze(1)
+
+    def to(self, device: torch.device) -> "RangeScaler":
+        return RangeScaler(self.center.to(device), self.half.to(device))

@@ -1,0 +1,74 @@
+"""Load the table the config names: the embedded national dataset or a user CSV."""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pandas as pd
+
+from tamrun.config.schema import DataConfig, DataSource
+from tamrun.errors import DataError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_NATIONAL = "force_national.csv.gz"
+
+
+def embedded_path() -> Path:
+    """Path of the embedded national dataset (see tamrun/data/national/README.md for provenance)."""
+    return Path(str(resources.files("tamrun.data") / "national" / EMBEDDED_NATIONAL))
+
+
+def load_table(cfg: DataConfig) -> pd.DataFrame:
+    """Read the table, parse the date column and sort rows by (date, group).
+
+    Raises:
+        DataError: the file is missing, unreadable or empty, or the date column is absent/unparseable.
+    """
+    path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
+    if not path.is_file():
+        raise DataError("data.path", str(path), "no such file", "point data.path at an existing CSV file")
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise DataError("data.path", str(path), "the file is empty", "give a CSV with a header and rows") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise DataError("data.path", str(path), f"the file cannot be read as CSV ({exc})",
+                        "give a readable CSV file (optionally .gz)") from None
+    if frame.empty:
+        raise DataError("data.path", str(path), "the file has no rows", "give a CSV with at least one data row")
+    require_columns(frame, {"data.date_column": cfg.date_column})
+    try:
+        frame[cfg.date_column] = pd.to_datetime(frame[cfg.date_column])
+    except (ValueError, TypeError) as exc:
+        raise DataError("data.date_column", cfg.date_column, f"its values are not dates ({exc})",
+                        "give ISO timestamps such as 2024-01-31 12:30:00") from None
+    sort_by = [cfg.date_column] + ([cfg.group] if cfg.group and cfg.group in frame.columns else [])
+    frame = frame.sort_values(sort_by, kind="stable").reset_index(drop=True)
+    log.info("loaded %d rows x %d columns from %s", len(frame), frame.shape[1], path)
+    return frame
+
+
+def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
+    """Check that every configured column exists; ``columns`` maps config field -> column name."""
+    for field, column in columns.items():
+        if column not in frame.columns:
+            raise DataError(field, column, "no such column in the data",
+                            f"use one of: {', '.join(map(str, frame.columns))}")
+
+
+def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
+    """Check that every configured column holds numbers."""
+    for field, column in columns.items():
+        if not pd.api.types.is_numeric_dtype(frame[column]):
+            example = frame[column].iloc[0]
+            raise DataError(field, column, f"the column is not numeric (e.g. {example!r})",
+                            "choose a numeric column, or derive one in data.derived")
+
+
+def unique_columns(columns: Iterable[str]) -> list:
+    """Columns in first-seen order without repeats."""
+    return list(dict.fromkeys(columns))

@@ -1,0 +1,53 @@
+"""Split a table by calendar dates (inclusive days)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import pandas as pd
+
+from tamrun.config.schema import SplitConfig
+from tamrun.errors import ConfigError, DataError
+
+
+def _day(value: Optional[str], field: str) -> Optional[pd.Timestamp]:
+    if value is None:
+        return None
+    try:
+        return pd.Timestamp(str(value)).normalize()
+    except ValueError:
+        raise ConfigError(field, value, "not a date", f"write {field} as YYYY-MM-DD") from None
+
+
+def _between(dates: pd.Series, start: Optional[pd.Timestamp], end: Optional[pd.Timestamp]) -> pd.Series:
+    keep = pd.Series(True, index=dates.index)
+    if start is not None:
+        keep &= dates >= start
+    if end is not None:
+        keep &= dates < end + pd.Timedelta(days=1)
+    return keep
+
+
+def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Return (train, test): train_start <= day <= train_end, test_start <= day <= test_end.
+
+    Raises:
+        ConfigError: a bound is not a date, or the test period starts before the training one ends.
+        DataError: a split has no rows.
+    """
+    train_start, train_end = _day(cfg.train_start, "split.train_start"), _day(cfg.train_end, "split.train_end")
+    test_start, test_end = _day(cfg.test_start, "split.test_start"), _day(cfg.test_end, "split.test_end")
+    if test_start <= train_end:
+        raise ConfigError("split.test_start", cfg.test_start, f"the test period overlaps training (train_end={cfg.train_end})",
+                          "start the test period after split.train_end")
+    dates = frame[date_column]
+    train = frame[_between(dates, train_start, train_end)]
+    test = frame[_between(dates, test_start, test_end)]
+    span = f"the data covers {dates.min():%Y-%m-%d} to {dates.max():%Y-%m-%d}"
+    if train.empty:
+        raise DataError("split.train_end", cfg.train_end, f"the training split has no rows ({span})",
+                        "move split.train_start/train_end inside the data's dates")
+    if test.empty:
+        raise DataError("split.test_start", cfg.test_start, f"the test split has no rows ({span})",
+                        "move split.test_start/test_end inside the data's dates")
+    return train, test

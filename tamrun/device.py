@@ -1,0 +1,150 @@
+"""DeviceManager: picks the device, probes its capabilities, reads its memory.
+
+Created by the runner from ``cfg.hw`` and passed to the parts that need it; there is no module-level
+instance and nothing happens at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import psutil
+import torch
+
+from tamrun.errors import DeviceError
+
+log = logging.getLogger(__name__)
+
+
+def _available(kind: str) -> bool:
+    if kind == "cpu":
+        return True
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "mps":
+        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    if kind == "xpu":
+        return hasattr(torch, "xpu") and torch.xpu.is_available()
+    return False
+
+
+def _read_status_kib(field: str) -> Optional[int]:
+    """A ``VmXXX`` line of /proc/self/status, in bytes (Linux only)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class MemoryView:
+    """Free and total memory of the device, in bytes, as the memory oracle sees it."""
+
+    free: int
+    total: int
+
+
+class DeviceManager:
+    """The compute device of one run.
+
+    Args:
+        requested: ``auto`` (first available of ``preference``) or a device kind; an explicit kind
+            that is absent raises `DeviceError` (no silent fallback).
+        preference: order tried by ``auto``.
+        dtype: the run's dtype, checked against the device's capabilities.
+        threads: torch intra-op threads on the CPU (None: torch's default).
+    """
+
+    def __init__(self, requested: str = "auto", preference: Sequence[str] = ("cuda", "mps", "xpu", "cpu"),
+                 dtype: torch.dtype = torch.float64, threads: Optional[int] = None) -> None:
+        if requested == "auto":
+            kind = next((k for k in preference if _available(k)), "cpu")
+        elif _available(requested):
+            kind = requested
+        else:
+            raise DeviceError("hw", requested, f"no {requested} device is available on this machine",
+                              "use hw=auto or hw=cpu, or run on a machine with that device")
+        self.kind = kind
+        self.device = torch.device(kind)
+        if kind == "mps" and dtype == torch.float64:
+            raise DeviceError("dtype", "float64", "the MPS backend has no float64 support",
+                              "use dtype=float32 with hw=mps, or hw=cpu")
+        if threads is not None and kind == "cpu":
+            torch.set_num_threads(threads)
+        log.info("device: %s (%s)", self.name, kind)
+
+    @property
+    def name(self) -> str:
+        """Human-readable device name (GPU model or CPU brand)."""
+        if self.kind == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        if self.kind == "cpu":
+            import platform
+
+            return f"cpu ({platform.processor() or platform.machine()}, {psutil.cpu_count()} cores)"
+        return self.kind
+
+    def memory(self) -> MemoryView:
+        """Free/total bytes. CUDA: free = device free + PyTorch's cached-but-free blocks
+        (reserved - allocated); CPU: psutil's available RAM."""
+        if self.kind == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            return MemoryView(free=int(free + cached), total=int(total))
+        vm = psutil.virtual_memory()
+        return MemoryView(free=int(vm.available), total=int(vm.total))
+
+    def allocated(self) -> int:
+        """Bytes held now: tensors on CUDA, the process's resident set on the CPU."""
+        if self.kind == "cuda":
+            return int(torch.cuda.memory_allocated(self.device))
+        return int(psutil.Process().memory_info().rss)
+
+    def reset_peak(self) -> None:
+        """Start a new peak window (CUDA: peak allocated; Linux CPU: the VmHWM high-water mark)."""
+        if self.kind == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif sys.platform.startswith("linux"):
+            try:
+                with open("/proc/self/clear_refs", "w") as refs:
+                    refs.write("5")
+            except OSError:
+                log.debug("cannot reset the RSS high-water mark; the peak covers the whole process")
+
+    def peak(self) -> int:
+        """Peak bytes since the last `reset_peak`: max_memory_allocated on CUDA, peak RSS on the CPU."""
+        if self.kind == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        hwm = _read_status_kib("VmHWM")
+        if hwm is not None:
+            return hwm
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
+
+    def empty_cache(self) -> None:
+        """Return cached blocks to the device (no-op on the CPU)."""
+        if self.kind == "cuda":
+            torch.cuda.empty_cache()
+        elif self.kind == "mps":
+            torch.mps.empty_cache()
+        elif self.kind == "xpu":
+            torch.xpu.empty_cache()
+
+    def synchronize(self) -> None:
+        if self.kind == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def set_limit(self, limit_bytes: Optional[int]) -> None:
+        """On CUDA, enforce a user limit with set_per_process_memory_fraction."""
+        if limit_bytes is None or self.kind != "cuda":
+            return
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), self.device)
+

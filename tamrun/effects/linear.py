@@ -1,0 +1,24 @@
+"""Linear effect: phi(z) = scale * z; penalty lambda."""
+
+from __future__ import annotations
+
+import torch
+
+from tamrun.config.effects import LinearSpec
+from tamrun.effects.base import Effect
+
+
+class LinearEffect(Effect):
+    def __init__(self, name: str, spec: LinearSpec) -> None:
+        super().__init__(name, spec.column, spec.ap)
+        self.scale = spec.scale
+
+    @property
+    def width(self) -> int:
+        return 1
+
+    def design(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.scale * x).unsqueeze(-1)
+
+    def penalty(self) -> torch.Tensor:
+        return torch.full((1, 1), self.lam, dtype=torch.float64)

@@ -1,0 +1,52 @@
+"""User-facing errors: each names the field (or column), the offending value and the fix.
+
+Every subclass of `TamrunError` ends a command-line run with exit code 2 and one readable
+message, without a traceback; anything else is an internal error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TamrunError(Exception):
+    """An error caused by the user's input (config, data, hardware or memory limit).
+
+    Attributes:
+        field: dotted config path or data column the error is about (e.g. ``model.effects.toy.m``).
+        value: the offending value.
+        fix: what to change.
+    """
+
+    kind = "error"
+
+    def __init__(self, field: str, value: Any, problem: str, fix: str) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
+
+
+class ConfigError(TamrunError):
+    """A config value is out of range, of the wrong kind, or inconsistent with another."""
+
+    kind = "config"
+
+
+class DataError(TamrunError):
+    """The data does not fit the config: a missing column, NaNs, an empty split or group."""
+
+    kind = "data"
+
+
+class DeviceError(TamrunError):
+    """The requested hardware is absent or lacks a needed capability."""
+
+    kind = "device"
+
+
+class MemoryBudgetError(TamrunError):
+    """Even the smallest chunk does not fit in the memory budget, or retries were spent."""
+
+    kind = "memory"

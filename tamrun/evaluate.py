@@ -1,0 +1,56 @@
+"""Forecast metrics: RMSE and MAPE per split, overall and per group, and the predictions table."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tamrun.data.batch import GroupedBatch
+
+
+def predictions_table(frame: pd.DataFrame, batch: GroupedBatch, predicted: torch.Tensor, date_column: str,
+                      group: str | None, split: str) -> pd.DataFrame:
+    """One row per real row of the split: date, group, split, actual, predicted (frame order)."""
+    real = batch.row_index >= 0
+    rows = batch.row_index[real]
+    table = pd.DataFrame({
+        "date": frame[date_column].to_numpy()[rows],
+        "group": frame[group].to_numpy()[rows] if group else 0,
+        "split": split,
+        "actual": batch.y.cpu().numpy()[real],
+        "predicted": predicted.cpu().numpy()[real],
+    })
+    return table.sort_values(["date", "group"], kind="stable").reset_index(drop=True)
+
+
+def rmse(actual: np.ndarray, predicted: np.ndarray) -> float:
+    """sqrt(mean((y - yhat)^2))."""
+    return float(np.sqrt(np.mean((actual - predicted) ** 2)))
+
+
+def mape(actual: np.ndarray, predicted: np.ndarray) -> float:
+    """100 * mean(|y - yhat| / |y|) over rows with y != 0 (percent)."""
+    nonzero = actual != 0
+    return float(100.0 * np.mean(np.abs((actual[nonzero] - predicted[nonzero]) / actual[nonzero])))
+
+
+def split_metrics(table: pd.DataFrame) -> Dict[str, float]:
+    """``rmse_<split>``, ``mape_<split>`` overall for every split in the table."""
+    out: Dict[str, float] = {}
+    for split, part in table.groupby("split", sort=False):
+        actual, predicted = part["actual"].to_numpy(), part["predicted"].to_numpy()
+        out[f"rmse_{split}"] = rmse(actual, predicted)
+        out[f"mape_{split}"] = mape(actual, predicted)
+    return out
+
+
+def group_metrics(table: pd.DataFrame) -> pd.DataFrame:
+    """RMSE and MAPE per (split, group)."""
+    rows = [{"split": split, "group": group, "n": len(part),
+             "rmse": rmse(part["actual"].to_numpy(), part["predicted"].to_numpy()),
+             "mape": mape(part["actual"].to_numpy(), part["predicted"].to_numpy())}
+            for (split, group), part in table.groupby(["split", "group"], sort=True)]
+    return pd.DataFrame(rows)

@@ -1,0 +1,1 @@
+"""Memory: byte formulas and the waterfall oracle, the OOM guard, size units."""

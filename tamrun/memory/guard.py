@@ -1,0 +1,137 @@
+"""One OOM guard for every allocating step: catch by type, free, shrink, back off, retry.
+
+    size_0 = c, size_{i+1} = floor(size_i * size_factor), delay_i = delay_ms * 2^i
+
+The step is re-run outside the ``except`` block (so the failed attempt's tensors can be freed),
+each event is recorded, and after ``max_retries`` (or at size 1) a `MemoryBudgetError` names the
+memory the step needed and the settings to change. Environment variables OOM_MAX_RETRIES,
+OOM_SIZE_FACTOR, OOM_DELAY_MS and OOM_VERBOSE override the config.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, List, Optional, Tuple, Type, TypeVar
+
+import torch
+
+from tamrun.config.schema import OomConfig
+from tamrun.errors import ConfigError, MemoryBudgetError
+from tamrun.memory.units import format_size
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class BudgetExceeded(MemoryError):
+    """Raised by tamrun's own accounting when a step would exceed the user's memory limit."""
+
+
+def oom_exception_types() -> Tuple[Type[BaseException], ...]:
+    """Exception types that mean out-of-memory on any backend (MPS/XPU raise RuntimeError, see
+    `is_oom`)."""
+    return (torch.OutOfMemoryError, MemoryError, RuntimeError)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for an out-of-memory error. torch.OutOfMemoryError and MemoryError (BudgetExceeded
+    included) by type; a RuntimeError only when it is the MPS/XPU allocator's out-of-memory error."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and (
+        "mps" in str(exc).lower() or "xpu" in str(exc).lower())
+
+
+def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:
+    """The config's retry settings, overridden by OOM_* environment variables when set."""
+    env = os.environ if environ is None else environ
+    settings = replace(cfg)
+    parsers = {"OOM_MAX_RETRIES": ("max_retries", int), "OOM_SIZE_FACTOR": ("size_factor", float),
+               "OOM_DELAY_MS": ("delay_ms", float),
+               "OOM_VERBOSE": ("verbose", lambda v: v.strip().lower() not in ("0", "", "false", "no"))}
+    for var, (name, parse) in parsers.items():
+        if var in env:
+            try:
+                settings = replace(settings, **{name: parse(env[var])})
+            except ValueError:
+                raise ConfigError(var, env[var], "not a valid number", f"unset {var} or give a number") from None
+    if not 0 < settings.size_factor < 1:
+        raise ConfigError("OOM_SIZE_FACTOR", settings.size_factor, "must lie in (0, 1)", "use 0.7")
+    if settings.max_retries < 0 or settings.delay_ms < 0:
+        raise ConfigError("OOM_MAX_RETRIES/OOM_DELAY_MS", (settings.max_retries, settings.delay_ms),
+                          "must be >= 0", "use 3 and 200")
+    return settings
+
+
+@dataclass
+class OomEvent:
+    phase: str
+    attempt: int
+    size_before: int
+    size_after: int
+    delay_ms: float
+    error: str
+
+
+@dataclass
+class OomLog:
+    """Every OOM event of a run, in order."""
+
+    events: List[OomEvent] = field(default_factory=list)
+
+    @property
+    def retries(self) -> int:
+        return len(self.events)
+
+    def as_dicts(self) -> List[dict]:
+        return [asdict(e) for e in self.events]
+
+
+def retry_on_oom(step: Callable[[int], T], size: int, policy: OomConfig, phase: str, oom_log: OomLog,
+                 free_memory: Callable[[], None] = lambda: None,
+                 needed_bytes: Optional[Callable[[int], int]] = None,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """Run ``step(size)``; on OOM shrink ``size`` by ``policy.size_factor`` and retry.
+
+    Args:
+        step: the allocating work, parameterised by its chunk size (groups or rows).
+        size: the first chunk size to try.
+        free_memory: empties the device cache (called after leaving the except block).
+        needed_bytes: the oracle's footprint at a chunk size, quoted when giving up.
+        sleep: injected for tests (seconds).
+
+    Raises:
+        MemoryBudgetError: retries spent or the chunk is already 1.
+    """
+    attempt = 0
+    while True:
+        try:
+            return step(size)
+        except oom_exception_types() as exc:  # noqa: PERF203 - the retry loop is the point
+            if not is_oom(exc):
+                raise
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        # Out of the except block: the traceback no longer pins the failed attempt's tensors.
+        gc.collect()
+        free_memory()
+        if attempt >= policy.max_retries or size <= 1:
+            need = f" about {format_size(needed_bytes(size))}" if needed_bytes else ""
+            raise MemoryBudgetError(
+                "memory.limit", None,
+                f"out of memory in phase '{phase}' at chunk size {size} after {attempt} retries; "
+                f"this step needs{need} ({error})",
+                "raise memory.limit (or free device memory), lower memory.chunk_fraction_*, "
+                "or raise memory.oom.max_retries")
+        new_size = max(1, int(math.floor(size * policy.size_factor)))
+        delay = policy.delay_ms * (2 ** attempt)
+        oom_log.events.append(OomEvent(phase, attempt + 1, size, new_size, delay, error))
+        (log.warning if policy.verbose else log.info)(
+            "OOM in %s (%s): chunk %d -> %d, retry %d/%d after %.0f ms", phase, error, size, new_size,
+            attempt + 1, policy.max_retries, delay)
+        sleep(delay / 1000.0)
+        size, attempt = new_size, attempt + 1

@@ -1,0 +1,1 @@
+"""Solvers (batched Cholesky, batched preconditioned CG) and the dispatcher that feeds them."""

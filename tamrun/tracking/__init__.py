@@ -1,0 +1,1 @@
+"""Tracking: the MLflow run lifecycle, parameter flattening and plot artifacts."""

@@ -1,0 +1,167 @@
+"""One MLflow run's lifecycle through an explicit `MlflowClient` (no fluent global state).
+
+The store defaults to ``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run ends
+FINISHED on success, FAILED on any exception (with the error as tags) and KILLED on an interrupt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional
+
+from tamrun.config.schema import TrackingConfig
+from tamrun.errors import ConfigError
+from tamrun.tracking.params import to_params
+
+log = logging.getLogger(__name__)
+
+
+def default_tracking_uri(cwd: Optional[Path] = None) -> str:
+    """sqlite:///<cwd>/outputs/mlflow.db"""
+    return f"sqlite:///{(cwd or Path.cwd()) / 'outputs' / 'mlflow.db'}"
+
+
+def _sqlite_path(uri: str) -> Optional[Path]:
+    return Path(uri[len("sqlite:///"):].split("?")[0]) if uri.startswith("sqlite:///") else None
+
+
+class TrackedRun:
+    """Context manager for one MLflow run; ``enabled=False`` makes every call a no-op.
+
+    Args:
+        cfg: tracking settings (URI, artifact root, experiment, run name).
+        run_name: used when ``cfg.run_name`` is None.
+        tags: set when the run starts.
+    """
+
+    def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str]) -> None:
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+        self.uri = cfg.uri or default_tracking_uri()
+        self.run_name = cfg.run_name or run_name
+        self.tags = dict(tags)
+        self.client = None
+        self.run_id: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> "TrackedRun":
+        if not self.enabled:
+            return self
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        db = _sqlite_path(self.uri)
+        if db is not None:
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError("tracking.uri", self.uri, f"cannot create the store's folder ({exc})",
+                                  "point tracking.uri at a writable location") from None
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+            self.experiment_id = self._experiment_id(MlflowException)
+            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags)
+        except MlflowException as exc:
+            raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({exc.message})",
+                              "point tracking.uri at a reachable, writable store, or set tracking.enabled=false") from None
+        self.run_id = run.info.run_id
+        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, self.uri)
+        return self
+
+    def _experiment_id(self, mlflow_exception: type) -> str:
+        found = self.client.get_experiment_by_name(self.cfg.experiment)
+        if found is not None:
+            return found.experiment_id
+        db = _sqlite_path(self.uri)
+        root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
+        location = Path(root).resolve().as_uri() if root and "://" not in root else root
+        try:
+            return self.client.create_experiment(self.cfg.experiment, artifact_location=location)
+        except mlflow_exception:  # created meanwhile by a concurrent job
+            found = self.client.get_experiment_by_name(self.cfg.experiment)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self.enabled or self.run_id is None:
+            return False
+        if exc_type is None:
+            status = "FINISHED"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        if exc is not None:
+            self.client.set_tag(self.run_id, "error_type", exc_type.__name__)
+            self.client.set_tag(self.run_id, "error", str(exc)[:5000])
+        self.client.set_terminated(self.run_id, status=status)
+        log.info("MLflow run %s ended %s", self.run_id, status)
+        return False
+
+    # ---- logging ---------------------------------------------------------------------------------
+    def log_params(self, tree: Any) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in to_params(tree).items()]
+        for start in range(0, len(params), 100):  # MLflow's per-batch limit
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        for start in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
+
+    def log_metric_history(self, name: str, values: Iterable[float]) -> None:
+        """A stepped metric: value i at step i."""
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(name, float(v), now, i) for i, v in enumerate(values)]
+        for start in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if self.enabled:
+            for key, value in tags.items():
+                self.client.set_tag(self.run_id, key, str(value))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        if self.enabled:
+            self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_json(self, data: Dict[str, Any], artifact_file: str) -> None:
+        self.log_text(json.dumps(data, indent=2, default=str), artifact_file)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        if self.enabled:
+            self.client.log_figure(self.run_id, figure, artifact_file)
+
+    def log_file(self, path: os.PathLike, artifact_path: Optional[str] = None) -> None:
+        if self.enabled:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_frame(self, frame: Any, artifact_file: str) -> None:
+        """A pandas DataFrame as a CSV artifact."""
+        if not self.enabled:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(artifact_file).name
+            frame.to_csv(path, index=False)
+            parent = str(Path(artifact_file).parent)
+            self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)

@@ -1,0 +1,67 @@
+"""`python -m tamrun` as a user runs it: exit codes, one readable message, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from conftest import csv_overrides
+
+
+def tamrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    return subprocess.run([sys.executable, "-m", "tamrun", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+BAD_INPUTS = [
+    # (overrides, what the message must contain, whether the MLflow run had started)
+    (["model.effects.temp.m=-2"], ["model.effects.temp.m=-2", "Fix:"], False),
+    (["model.effects.temp.kind=wavelet"], ["model.effects.temp.kind='wavelet'", "unknown effect kind"], False),
+    (["model.effects.temp.column=nope"], ["model.effects.temp.column='nope'", "no such column"], True),
+    (["split.test_start=2030-01-01", "split.test_end=2030-12-31"], ["split.test_start", "no rows"], True),
+    (["model=nope"], ["Could not find 'model/nope'", "fourier"], False),
+    (["model.effects.temp.mm=3"], ["model.effects.temp.mm", "not in struct"], False),
+    (["dtype=float16"], ["dtype", "float64"], False),
+    (["memory.limit=lots"], ["memory.limit='lots'", "2GiB"], False),
+    (["data=csv"], ["data.path", "Fix:"], False),
+]
+
+
+@pytest.mark.parametrize("overrides,expected,started", BAD_INPUTS, ids=[" ".join(b[0]) for b in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_readable_message(tmp_path, overrides, expected, started):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = tamrun(f"tracking.uri={store}", *overrides, cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    for text in expected:
+        assert text in output, output
+    assert "Traceback" not in output
+    if started:
+        runs = MlflowClient(tracking_uri=store).search_runs(["1"])
+        assert [r.info.status for r in runs] == ["FAILED"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: hw=cuda is valid here")
+def test_explicit_cuda_without_cuda_is_a_clear_error(tmp_path):
+    done = tamrun(f"tracking.uri=sqlite:///{tmp_path / 'm.db'}", "hw=cuda", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "hw='cuda': no cuda device is available" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_runs_from_any_directory_with_the_default_store(tmp_path, csv_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = tamrun(*csv_overrides(csv_path), cwd=elsewhere)
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = elsewhere / "outputs" / "mlflow.db"
+    assert store.is_file()
+    runs = MlflowClient(tracking_uri=f"sqlite:///{store}").search_runs(["1"])
+    assert [r.info.status for r in runs] == ["FINISHED"]

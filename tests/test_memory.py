@@ -1,0 +1,91 @@
+"""The OOM guard (with OOMs faked on purpose) and the oracle's pure functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tamrun.config.schema import MemoryConfig, OomConfig
+from tamrun.errors import ConfigError, MemoryBudgetError
+from tamrun.memory.footprint import ProblemSize, dense_system_bytes, row_bytes
+from tamrun.memory.guard import OomLog, oom_settings, retry_on_oom
+from tamrun.memory.oracle import MemoryOracle, pick_chunk
+from tamrun.memory.units import parse_size
+
+
+def failing_until(fits_at: int, exc: type = torch.OutOfMemoryError):
+    """A step that raises a fake OOM (on purpose) while its chunk is larger than ``fits_at``."""
+    seen = []
+
+    def step(size: int) -> int:
+        seen.append(size)
+        if size > fits_at:
+            raise exc("fake out-of-memory raised by the test")
+        return size
+
+    return step, seen
+
+
+def test_guard_shrinks_by_the_factor_and_backs_off_exponentially():
+    step, seen = failing_until(45)
+    sleeps, freed, oom_log = [], [], OomLog()
+    result = retry_on_oom(step, 100, OomConfig(), "fit", oom_log, free_memory=lambda: freed.append(1),
+                          sleep=sleeps.append)
+    assert seen == [100, 70, 49, 34] and result == 34  # c, floor(0.7c), floor(0.49c), ...
+    assert sleeps == pytest.approx([0.2, 0.4, 0.8])
+    assert len(freed) == 3 and oom_log.retries == 3
+    assert [(e.size_before, e.size_after, e.delay_ms) for e in oom_log.events] == [
+        (100, 70, 200), (70, 49, 400), (49, 34, 800)]
+
+
+def test_guard_catches_memory_error_and_gives_up_with_the_needed_memory():
+    step, seen = failing_until(0, exc=MemoryError)
+    with pytest.raises(MemoryBudgetError, match=r"needs about 1\.00 GiB.*memory.limit"):
+        retry_on_oom(step, 10, OomConfig(max_retries=2), "fit", OomLog(), needed_bytes=lambda size: 2**30,
+                     sleep=lambda s: None)
+    assert seen == [10, 7, 4]
+
+
+def test_guard_does_not_swallow_other_errors():
+    def step(size: int) -> int:
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        retry_on_oom(step, 10, OomConfig(), "fit", OomLog(), sleep=lambda s: None)
+
+
+def test_environment_overrides_the_config():
+    env = {"OOM_MAX_RETRIES": "5", "OOM_SIZE_FACTOR": "0.5", "OOM_DELAY_MS": "10", "OOM_VERBOSE": "1"}
+    assert oom_settings(OomConfig(), env) == OomConfig(max_retries=5, size_factor=0.5, delay_ms=10.0, verbose=True)
+    with pytest.raises(ConfigError, match="OOM_SIZE_FACTOR"):
+        oom_settings(OomConfig(), {"OOM_SIZE_FACTOR": "1.5"})
+
+
+def test_parse_size_units():
+    assert parse_size("2GiB") == 2 * 2**30 and parse_size("512MB") == 512 * 10**6
+    assert parse_size("1.5e3") == 1500 and parse_size(None) is None
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+def test_pick_chunk_keeps_everything_when_it_fits_and_shrinks_otherwise():
+    whole = pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=10**9, overhead=1.1)
+    assert (whole.groups, whole.rows) == (48, 4000)
+    tight = pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=100_000, overhead=1.1)
+    assert 1.1 * tight.groups * (1000 + tight.rows * 10) <= 100_000
+    assert tight.rows < 4000 or tight.groups < 48
+    with pytest.raises(MemoryBudgetError, match="needs at least"):
+        pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=100, overhead=1.1)
+
+
+def test_route_rule_follows_the_waterfall_thresholds():
+    oracle = MemoryOracle(MemoryConfig(max_dense_dim=100), limit=None, on_gpu=False)
+    small = ProblemSize(n_groups=4, n_rows=1000, width=50, n_features=3, itemsize=8)
+    wide = ProblemSize(n_groups=4, n_rows=1000, width=101, n_features=3, itemsize=8)
+    assert oracle.route(small, free=10**9)[0] == "direct"
+    assert oracle.route(wide, free=10**9)[0] == "cg"
+    needed = 1.1 * (dense_system_bytes(small) + row_bytes(small))
+    assert oracle.route(small, free=int(needed / 0.9) - 10)[0] == "cg"  # dense footprint >= 90% of free
+    assert oracle.route(small, free=10**9, requested="cg")[0] == "cg"
+    capped = MemoryOracle(MemoryConfig(), limit=1000, on_gpu=False)
+    assert capped.route(small, free=10**12)[0] == "cg"  # the user's limit caps the free memory

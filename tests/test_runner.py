@@ -1,0 +1,94 @@
+"""run(cfg) end to end on real Hydra composition and a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+import tamrun
+from tamrun.errors import DataError
+from tamrun.runner import run
+
+from conftest import csv_overrides
+
+PEER_RMSE = {"fourier": 1659.2, "spline": 1586.6}  # tam-ml 1.5.0, same data, split and formula
+
+
+def read_run(store_uri: str, run_id: str):
+    client = MlflowClient(tracking_uri=store_uri)
+    return client, client.get_run(run_id)
+
+
+def artifact_paths(client: MlflowClient, run_id: str, path: str = "") -> set:
+    out = set()
+    for item in client.list_artifacts(run_id, path):
+        out |= artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
+    return out
+
+
+@pytest.mark.parametrize("model", ["fourier", "spline"])
+def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri, tmp_path, model):
+    result = run(compose_cfg(f"model={model}"), overrides=[f"model={model}"])
+    assert result.metrics["rmse_test"] <= 1.02 * PEER_RMSE[model]
+    assert result.route == "direct" and result.coef.shape == (48, result.width)
+
+    client, logged = read_run(store_uri, result.run_id)
+    assert logged.info.status == "FINISHED"
+    params = logged.data.params
+    assert params["model.name"] == model and params["route"] == "direct"
+    assert params["D"] == str(result.width) and params["data.group"] == "tod"
+    assert {"chunk_groups", "chunk_rows", "model.effects.toy.ap", "memory.dense_fraction", "dtype"} <= set(params)
+    metrics = logged.data.metrics
+    for name in ("rmse_train", "rmse_test", "mape_train", "mape_test", "fit_seconds", "predict_seconds",
+                 "peak_memory_bytes", "oom_retries", "predicted_peak_bytes"):
+        assert name in metrics, name
+    assert metrics["rmse_test"] == pytest.approx(result.metrics["rmse_test"], rel=1e-12)
+    assert metrics["oom_retries"] == 0 and metrics["peak_memory_bytes"] > 0
+    tags = logged.data.tags
+    assert tags["tamrun_version"] and tags["device"].startswith("cpu")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tamrun.__file__).parent, capture_output=True,
+                          text=True) if shutil.which("git") else None
+    if head is not None and head.returncode == 0:  # running from a git checkout
+        assert tags["git_commit"] == head.stdout.strip()
+    paths = artifact_paths(client, result.run_id)
+    assert {"config/resolved.yaml", "config/overrides.txt", "predictions/predictions.csv",
+            "plots/forecast.png", "model/coefficients.csv", "memory/report.json"} <= paths
+    local = client.download_artifacts(result.run_id, "predictions/predictions.csv", str(tmp_path))
+    logged_predictions = pd.read_csv(local)
+    test = logged_predictions[logged_predictions["split"] == "test"]
+    assert len(test) == 17_568  # every half-hour of 2024
+    rmse = float(np.sqrt(np.mean((test["actual"] - test["predicted"]) ** 2)))
+    assert rmse == pytest.approx(result.metrics["rmse_test"], rel=1e-9)
+    overrides = open(client.download_artifacts(result.run_id, "config/overrides.txt", str(tmp_path))).read()
+    assert f"model={model}" in overrides
+
+
+def test_a_failing_run_is_left_failed_with_the_error(compose_cfg, store_uri):
+    cfg = compose_cfg("model.effects.temp.column=no_such_column")
+    with pytest.raises(DataError, match="model.effects.temp.column"):
+        run(cfg)
+    runs = MlflowClient(tracking_uri=store_uri).search_runs(["1"])
+    assert len(runs) == 1
+    assert runs[0].info.status == "FAILED"
+    assert runs[0].data.tags["error_type"] == "DataError"
+    assert "no_such_column" in runs[0].data.tags["error"]
+
+
+def test_user_csv_with_direct_and_float32_cg(compose_cfg, store_uri, csv_path):
+    direct = run(compose_cfg(*csv_overrides(csv_path), "solver=direct"))
+    assert direct.route == "direct" and direct.metrics["rmse_test"] < 0.15  # noise sd 0.1
+    cg = run(compose_cfg(*csv_overrides(csv_path), "solver=cg", "dtype=float32"))
+    assert cg.route == "cg" and cg.coef.dtype.is_floating_point
+    assert cg.metrics["rmse_test"] == pytest.approx(direct.metrics["rmse_test"], rel=1e-3)
+    client = MlflowClient(tracking_uri=store_uri)
+    statuses = {client.get_run(r.run_id).info.status for r in (direct, cg)}
+    assert statuses == {"FINISHED"}
+    assert client.get_run(cg.run_id).data.params["data.source"] == "file"
+    history = client.get_metric_history(cg.run_id, "cg_residual")
+    assert len(history) > 2 and history[-1].value < history[0].value
