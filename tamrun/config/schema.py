@@ -128,8 +128,9 @@ class MemoryConfig:
     # A cap on everything above: bytes or a size string ("2GiB", "512MB"); None = no cap.
     limit: Optional[str] = None
     overhead_factor: float = 1.1
-    # Rows per design chunk never exceed this (keeps the chunk loop responsive); None = no cap.
-    max_chunk_rows: Optional[int] = None
+    # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
+    # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
+    max_chunk_rows: Optional[int] = 1024
     oom: OomConfig = field(default_factory=OomConfig)
 
 

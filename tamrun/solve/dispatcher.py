@@ -95,9 +95,9 @@ class Dispatcher:
                 batch.weight[groups, rows].to(device))
 
     def _weighted_design(self, batch: GroupedBatch, groups: slice, rows: slice):
+        """(W Phi, W y) of a chunk: padded rows zeroed in place (no second copy of Phi)."""
         x, y, w = self._chunk_tensors(batch, groups, rows)
-        phi = self.design.design(x, groups)
-        return phi * w.unsqueeze(-1), phi, y
+        return self.design.design(x, groups).mul_(w.unsqueeze(-1)), y * w
 
     def _system_scale(self, batch: GroupedBatch, groups: slice) -> torch.Tensor:
         return batch.counts[groups].to(self.devices.device).clamp_min(1.0)
@@ -110,10 +110,10 @@ class Dispatcher:
         gram = torch.zeros(g, dim, dim, dtype=dtype, device=device)
         rhs = torch.zeros(g, dim, dtype=dtype, device=device)
         for r0, r1 in _spans(n_rows, self.plan.fit.rows):
-            phi_w, phi, y = self._weighted_design(batch, groups, slice(r0, r1))
-            gram.baddbmm_(phi_w.mT, phi)
-            rhs.unsqueeze(-1).baddbmm_(phi_w.mT, y.unsqueeze(-1))
-            del phi_w, phi, y
+            phi, y = self._weighted_design(batch, groups, slice(r0, r1))
+            gram.baddbmm_(phi.mT, phi)  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
+            rhs.unsqueeze(-1).baddbmm_(phi.mT, y.unsqueeze(-1))
+            del phi, y
         n = self._system_scale(batch, groups)
         gram.div_(n.view(-1, 1, 1)).add_(penalty).diagonal(dim1=-2, dim2=-1).add_(self.solver.jitter)
         rhs.div_(n.view(-1, 1))

@@ -1,0 +1,136 @@
+"""python -m tamrun.bench: tamrun and the peer side by side, in one invocation, each run in a fresh process.
+
+    python -m tamrun.bench --peer-python ../peer-venv/bin/python                   # CPU, fourier + spline, r=3
+    python -m tamrun.bench --peer-python ... --device cuda --cap 0.02
+
+It installs nothing: the peer (tam-ml 1.5.0) lives in its own virtual environment, whose python is
+passed with --peer-python (without it only tamrun is measured). Both sides fit the same formula
+(translated from tamrun's preset), on the same data and split, on the same machine. A crash or a
+timeout is a recorded outcome. Writes <out>/bench-<device>-<time>.json and .md and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from tamrun.bench.child import RESULT_PREFIX
+from tamrun.bench.report import markdown
+
+log = logging.getLogger("tamrun.bench")
+CHILD = Path(__file__).with_name("child.py")
+
+
+def machine_info(device: str) -> Dict[str, str]:
+    """CPU model, cores, memory, GPU name, torch version."""
+    import psutil
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else "none"
+    return {"cpu": f"{cpu}, {psutil.cpu_count()} logical cores", "memory": f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+            "gpu": gpu, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def peer_arguments(model: str) -> List[str]:
+    """The peer's formula and data for one of tamrun's presets (same data file, same split)."""
+    from hydra import compose, initialize_config_dir
+
+    from tamrun.bench.formula import peer_formula
+    from tamrun.config.load import config_dir, typed_config
+    from tamrun.config.store import register_configs
+    from tamrun.data.load import embedded_path
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model={model}", "tracking=none"])
+    config, specs = typed_config(cfg)
+    test_end = (dt.date.fromisoformat(config.split.test_end) + dt.timedelta(days=1)).isoformat()
+    return ["--formula", peer_formula(config.data.target, specs), "--data", str(embedded_path()),
+            "--date", config.data.date_column, "--group", config.data.group, "--target", config.data.target,
+            "--test-start", config.split.test_start, "--test-end", test_end]
+
+
+def run_child(command: List[str], timeout: float) -> dict:
+    """One fresh process; its BENCH_RESULT line, or a timeout / crash record."""
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "timeout_s": timeout}
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            record = json.loads(line[len(RESULT_PREFIX):])
+            record["wall_seconds"] = time.perf_counter() - began
+            return record
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"status": "error", "error_kind": f"exit {done.returncode}", "error": tail[:300]}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tamrun.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer-python", help="python of the peer's virtual environment (tam-ml 1.5.0)")
+    parser.add_argument("--models", default="fourier,spline", help="comma-separated presets")
+    parser.add_argument("--repeats", "-r", type=int, default=3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--cap", type=float, default=None,
+                        help="torch.cuda.set_per_process_memory_fraction for both sides (tamrun: as memory.limit)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is recorded as a timeout")
+    parser.add_argument("--peer-max-iter", type=int, default=None, help="cap on the peer's CG iterations (stated in the table)")
+    parser.add_argument("--sides", default="tamrun,peer")
+    parser.add_argument("--out", default="outputs/bench")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    sides = [s for s in args.sides.split(",") if s == "tamrun" or (s == "peer" and args.peer_python)]
+    if "peer" in args.sides and not args.peer_python:
+        log.warning("no --peer-python: measuring tamrun only")
+    common = ["--device", args.device] + (["--cap", str(args.cap)] if args.cap is not None else [])
+    records = []
+    for model in args.models.split(","):
+        peer_args = peer_arguments(model) if "peer" in sides else []
+        if args.peer_max_iter is not None:
+            peer_args += ["--peer-max-iter", str(args.peer_max_iter)]
+        for repeat in range(args.repeats):
+            for side in sides:  # interleaved, so that drift hits both sides alike
+                if side == "tamrun":
+                    command = [sys.executable, "-m", "tamrun.bench.child", "--side", "tamrun", "--model", model]
+                else:
+                    command = [args.peer_python, str(CHILD), "--side", "peer", "--model", model] + peer_args
+                record = run_child(command + common, args.timeout)
+                record.update(model=model, side=side, repeat=repeat)
+                log.info("%s %s #%d: %s fit %.2fs rmse %s", model, side, repeat, record["status"],
+                         record.get("fit_seconds", float("nan")), record.get("rmse"))
+                records.append(record)
+
+    command_line = "python -m tamrun.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = {"title": f"{args.device}{f', cap {args.cap}' if args.cap else ''}, float64, r = {args.repeats}",
+              "command": f"`{command_line}`", "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+              **machine_info(args.device)}
+    report = markdown(records, header)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"bench-{args.device}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    stem.with_suffix(".json").write_text(json.dumps({"header": header, "records": records}, indent=2))
+    stem.with_suffix(".md").write_text(report)
+    sys.stdout.write(report)
+    log.info("wrote %s.json and .md", stem)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The benchmark's summary, ratio and table code on recorded JSON (the peer is never needed here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tamrun.bench.child import RESULT_PREFIX
+from tamrun.bench.formula import peer_formula
+from tamrun.bench.report import markdown, ratios, summarise
+from tamrun.config.load import typed_config
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "bench_records.json").read_text())
+
+
+def test_summaries_take_medians_and_ranges_of_successful_runs():
+    summaries = {(s.model, s.side): s for s in summarise(RECORDED["records"])}
+    ours = summaries[("fourier", "tamrun")]
+    assert (ours.fit.median, ours.fit.low, ours.fit.high) == pytest.approx((0.20, 0.10, 0.30))
+    assert ours.peak.median == 104857600 and ours.outcome == "3/3 ok"
+    peer_ff = summaries[("forest_fourier", "peer")]
+    assert peer_ff.ok == 1 and peer_ff.fit.median == 800.0
+    assert "timeout after 900 s" in peer_ff.outcome and "error: TypeError" in peer_ff.outcome
+    assert peer_ff.cg_max_iter == 30
+
+
+def test_ratios_are_peer_over_tamrun_medians():
+    by_model = {r.model: r for r in ratios(summarise(RECORDED["records"]))}
+    assert by_model["fourier"].speedup == pytest.approx(0.70 / 0.20)
+    assert by_model["fourier"].memory == pytest.approx(314572800 / 104857600)
+    assert by_model["fourier"].rmse_difference == pytest.approx(1655.2 - 1659.2)
+    assert by_model["forest_fourier"].speedup == pytest.approx(800.0 / 21.0)
+
+
+def test_markdown_table_shows_the_figures_and_the_outcomes():
+    text = markdown(RECORDED["records"], RECORDED["header"])
+    assert "| fourier | tamrun | direct | 0.20 (0.10–0.30) |" in text
+    assert "| fourier | 3.50× | 3.00× | -4.0 |" in text
+    assert "timeout after 900 s" in text and "max_iter capped at 30" in text
+    assert "`python -m tamrun.bench --peer-python ../peer-venv/bin/python`" in text
+
+
+def test_peer_formula_is_the_preset(compose_cfg):
+    config, specs = typed_config(compose_cfg("model=spline"))
+    assert peer_formula(config.data.target, specs) == (
+        "Load ~ l(Load_d1, ap=-30) + s(temperature_smooth_950, k=20, deg=3, p=2, ap=-5) + "
+        "s(temperature_max_smooth_990, k=20, deg=3, p=2, ap=-5) + s(temperature_min_smooth_950, k=20, deg=3, p=2, ap=-5) + "
+        "s(toy, k=20, deg=3, p=2, ap=-5) + c(day_type_week_sat_sun, topo='nominal', ap=-5) + "
+        "c(day_type_week, topo='nominal', ap=-5) + l(trend, ap=-5)")
+
+
+def test_child_reports_one_result_line(tmp_path, capsys):
+    from tamrun.bench.child import main
+
+    assert main(["--side", "tamrun", "--model", "fourier"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(RESULT_PREFIX)]
+    assert len(lines) == 1
+    record = json.loads(lines[0][len(RESULT_PREFIX):])
+    assert record["status"] == "ok" and record["route"] == "direct" and record["rmse"] <= 1.02 * 1659.2
+    assert record["fit_seconds"] > 0 and record["peak_bytes"] > 0
