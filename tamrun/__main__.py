@@ -31,6 +31,8 @@ def main() -> None:
         except TamrunError as exc:
             sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
             sys.exit(2)
+        if cfg.mode.name == "plan":
+            sys.stdout.write(result.plan.describe() + "\n")
         return result.metrics.get("rmse_test")
 
     try:

@@ -77,6 +77,7 @@ class DeviceManager:
         if kind == "mps" and dtype == torch.float64:
             raise DeviceError("dtype", "float64", "the MPS backend has no float64 support",
                               "use dtype=float32 with hw=mps, or hw=cpu")
+        self.limit: Optional[int] = None
         if threads is not None and kind == "cpu":
             torch.set_num_threads(threads)
         log.info("device: %s (%s)", self.name, kind)
@@ -93,20 +94,34 @@ class DeviceManager:
         return self.kind
 
     def memory(self) -> MemoryView:
-        """Free/total bytes. CUDA: free = device free + PyTorch's cached-but-free blocks
-        (reserved - allocated); CPU: psutil's available RAM."""
+        """Free/total bytes as the oracle must see them.
+
+        CUDA: free = min(limit - allocated, device free + reserved - allocated): mem_get_info sees
+        neither the per-process fraction nor PyTorch's cached-but-free blocks. CPU: psutil's available
+        RAM, capped by the limit (which bounds the run's working memory, not the data it holds).
+        """
         if self.kind == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-            return MemoryView(free=int(free + cached), total=int(total))
+            allocated = torch.cuda.memory_allocated(self.device)
+            free = int(free + torch.cuda.memory_reserved(self.device) - allocated)
+            if self.limit is not None:
+                free = min(free, self.limit - allocated)
+            return MemoryView(free=max(0, free), total=int(total))
         vm = psutil.virtual_memory()
-        return MemoryView(free=int(vm.available), total=int(vm.total))
+        free = int(vm.available) if self.limit is None else min(int(vm.available), self.limit)
+        return MemoryView(free=free, total=int(vm.total))
 
     def allocated(self) -> int:
         """Bytes held now: tensors on CUDA, the process's resident set on the CPU."""
         if self.kind == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
         return int(psutil.Process().memory_info().rss)
+
+    def reserved(self) -> int:
+        """Bytes reserved by the allocator: PyTorch's cache on CUDA, the resident set on the CPU."""
+        if self.kind == "cuda":
+            return int(torch.cuda.memory_reserved(self.device))
+        return self.allocated()
 
     def reset_peak(self) -> None:
         """Start a new peak window (CUDA: peak allocated; Linux CPU: the VmHWM high-water mark)."""
@@ -142,7 +157,8 @@ class DeviceManager:
             torch.cuda.synchronize(self.device)
 
     def set_limit(self, limit_bytes: Optional[int]) -> None:
-        """On CUDA, enforce a user limit with set_per_process_memory_fraction."""
+        """Cap the memory the oracle sees; on CUDA also enforce it with set_per_process_memory_fraction."""
+        self.limit = limit_bytes
         if limit_bytes is None or self.kind != "cuda":
             return
         total = torch.cuda.get_device_properties(self.device).total_memory

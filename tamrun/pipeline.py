@@ -1,15 +1,17 @@
 """The fit/predict pipeline as plain functions, shared by the runner and the benchmark.
 
-    load_splits(config, specs)            -> (train frame, test frame)
-    fit_model(config, specs, train, dev)  -> FittedModel   (batch, design, oracle plan, dispatcher fit)
-    FittedModel.predict_frame(frame)      -> predictions table
+    load_splits(config, specs)                 -> (train frame, test frame)
+    build_features(config, specs, train)       -> Features (training batch + fitted design)
+    plan_memory(config, features, devices)     -> Plan (the oracle's route and chunks)
+    solve(config, features, plan, devices)     -> FittedModel (the dispatcher's fit)
+    FittedModel.predict_frame(frame)           -> predictions table
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import pandas as pd
 import torch
@@ -29,6 +31,7 @@ from tamrun.evaluate import predictions_table
 from tamrun.memory.footprint import ProblemSize
 from tamrun.memory.guard import OomLog, oom_settings
 from tamrun.memory.oracle import MemoryOracle, Plan
+from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import parse_size
 from tamrun.solve.dispatcher import Dispatcher, FitStats
 
@@ -48,6 +51,21 @@ def load_splits(config: Config, specs: Dict[str, Any]) -> Tuple[pd.DataFrame, pd
     return split_by_date(frame, config.split, data.date_column)
 
 
+def prediction_batch(config: Config, design: AdditiveDesign, groups: list, frame: pd.DataFrame,
+                     dtype: torch.dtype) -> GroupedBatch:
+    """Rows to predict as a batch of the training groups; a categorical level or a group unseen in
+    training raises `DataError`."""
+    for effect in design.effects:
+        if isinstance(effect, CategoricalEffect):
+            unseen = effect.unseen_levels(frame[effect.column].to_numpy())
+            if unseen:
+                raise DataError(f"model.effects.{effect.name}.column", effect.column,
+                                f"level(s) {unseen[:5]} appear in the rows to predict but never in training",
+                                "train on a period that contains every level, or merge rare levels")
+    data = config.data
+    return build_batch(frame, design.columns, data.target, data.group, dtype, groups=groups)
+
+
 @dataclass
 class FittedModel:
     """Coefficients ``coef`` (G, D) of the groups ``groups`` and what is needed to predict."""
@@ -63,15 +81,7 @@ class FittedModel:
 
     def batch(self, frame: pd.DataFrame) -> GroupedBatch:
         """Arrange new rows as a batch of the fitted groups (unseen levels or groups: DataError)."""
-        for effect in self.design.effects:
-            if isinstance(effect, CategoricalEffect):
-                unseen = effect.unseen_levels(frame[effect.column].to_numpy())
-                if unseen:
-                    raise DataError(f"model.effects.{effect.name}.column", effect.column,
-                                    f"level(s) {unseen[:5]} appear in the rows to predict but never in training",
-                                    "train on a period that contains every level, or merge rare levels")
-        data = self.config.data
-        return build_batch(frame, self.design.columns, data.target, data.group, self.train.x.dtype, groups=self.groups)
+        return prediction_batch(self.config, self.design, self.groups, frame, self.train.x.dtype)
 
     def predict_frame(self, frame: pd.DataFrame, split: str) -> pd.DataFrame:
         """Predictions table (date, group, split, actual, predicted) for the rows of ``frame``."""
@@ -81,28 +91,61 @@ class FittedModel:
         return predictions_table(frame, batch, predicted, data.date_column, data.group, split)
 
 
-def fit_model(config: Config, specs: Dict[str, Any], train_frame: pd.DataFrame, devices: DeviceManager,
-              oom_log: Optional[OomLog] = None, n_predict_rows: Optional[int] = None) -> FittedModel:
-    """Batch the training rows, fit the design, plan the memory and solve every group."""
-    dtype = DTYPES[config.dtype]
+@dataclass
+class Features:
+    """The training batch and the design fitted on it."""
+
+    train: GroupedBatch
+    design: AdditiveDesign
+
+
+def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFrame) -> Features:
+    """Batch the training rows and fit the design (per-group ranges, categorical levels)."""
     data = config.data
     effects = build_effects(specs)
     columns = needed_columns(effects)
-    train = build_batch(train_frame, columns, data.target, data.group, dtype)
+    train = build_batch(train_frame, columns, data.target, data.group, DTYPES[config.dtype])
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
     if smallest < design.width:
         group = train.groups[int(train.counts.argmin())]
         raise DataError("data.group", data.group, f"group {group!r} has {smallest} training rows, fewer than the "
                         f"model's {design.width} coefficients", "train on a longer period, or use fewer/smaller effects")
-    design.to(devices.device)
-    size = ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width,
-                       n_features=len(columns), itemsize=torch.finfo(dtype).bits // 8)
+    return Features(train, design)
+
+
+def problem_size(features: Features, n_predict_rows: int = 0) -> ProblemSize:
+    """The sizes the memory oracle plans with."""
+    train, design = features.train, features.design
+    return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width,
+                       n_features=len(design.columns), itemsize=train.x.element_size(),
+                       peak_row_width=design.peak_row_width, n_predict_rows=n_predict_rows)
+
+
+def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0) -> Plan:
+    """The oracle's plan for this problem on this device under the configured limit."""
     oracle = MemoryOracle(config.memory, parse_size(config.memory.limit), on_gpu=devices.kind != "cpu")
-    plan = oracle.plan(size, devices.memory().free, config.solver.name.value,
-                       n_predict_rows=max(size.n_rows, n_predict_rows or 0))
+    return oracle.plan(problem_size(features, n_predict_rows), devices.memory().free, config.solver.name.value)
+
+
+def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, oom_log: Optional[OomLog] = None,
+          tracker: Optional[MemoryTracker] = None, snapshot: Callable[[str], None] = lambda label: None) -> FittedModel:
+    """Fit every group's coefficients along the plan."""
+    design = features.design.to(devices.device)
     dispatcher = Dispatcher(design, devices, plan, config.solver, oom_settings(config.memory.oom),
-                            oom_log if oom_log is not None else OomLog())
-    log.info("fitting %d groups, D=%d, route=%s", size.n_groups, size.width, plan.route)
-    coef, stats = dispatcher.fit(train)
-    return FittedModel(config, design, dispatcher, train.groups, coef, plan, stats, train)
+                            oom_log if oom_log is not None else OomLog(), tracker, snapshot)
+    log.info("fitting %d groups, D=%d, route=%s", len(features.train.groups), design.width, plan.route)
+    coef, stats = dispatcher.fit(features.train)
+    return FittedModel(config, design, dispatcher, features.train.groups, coef, plan, stats, features.train)
+
+
+def fit_model(config: Config, specs: Dict[str, Any], train_frame: pd.DataFrame, devices: DeviceManager,
+              n_predict_rows: int = 0) -> FittedModel:
+    """build_features, plan_memory and solve in one call."""
+    features = build_features(config, specs, train_frame)
+    return solve(config, features, plan_memory(config, features, devices, n_predict_rows), devices)
+
+
+def max_group_rows(frame: pd.DataFrame, group: Optional[str]) -> int:
+    """The largest group's row count in ``frame``."""
+    return int(frame.groupby(group).size().max()) if group else len(frame)

@@ -45,6 +45,11 @@ class DataSource(str, Enum):
     file = "file"
 
 
+class ModeName(str, Enum):
+    run = "run"
+    plan = "plan"
+
+
 class NanPolicy(str, Enum):
     error = "error"
     drop = "drop"
@@ -131,6 +136,8 @@ class MemoryConfig:
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
     # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
     max_chunk_rows: Optional[int] = 1024
+    # Count the exact tensor bytes of the solve and predict phases (their working peak).
+    meter: bool = True
     oom: OomConfig = field(default_factory=OomConfig)
 
 
@@ -163,6 +170,13 @@ class TrackingConfig:
 
 
 @dataclass
+class ModeConfig:
+    """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only."""
+
+    name: ModeName = ModeName.run
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -171,5 +185,6 @@ class Config:
     solver: SolverConfig = field(default_factory=SolverConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
+    mode: ModeConfig = field(default_factory=ModeConfig)
     dtype: DType = DType.float64
     seed: int = 0

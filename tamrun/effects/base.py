@@ -30,6 +30,12 @@ class Effect(ABC):
     def width(self) -> int:
         """D_j, the number of columns of the design block."""
 
+    @property
+    def work_width(self) -> int:
+        """Temporary columns per row while the block is built (beyond the block itself), for the
+        memory oracle's footprint of a design chunk."""
+        return 0
+
     @abstractmethod
     def design(self, x: torch.Tensor) -> torch.Tensor:
         """Design block: x (..., n) -> phi_j(x) (..., n, D_j), same dtype and device as x."""

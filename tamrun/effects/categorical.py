@@ -41,6 +41,10 @@ class CategoricalEffect(Effect):
     def width(self) -> int:
         return 2 * self.m if self.topo == "fourier" else self.n_levels
 
+    @property
+    def work_width(self) -> int:
+        return 2 * self.width + 6  # level indices (int64), the integer one-hot, the mask
+
     def unseen_levels(self, values: np.ndarray) -> list:
         """Values that are not among the training levels."""
         return sorted(set(np.unique(values).tolist()) - set(self.levels.tolist()))

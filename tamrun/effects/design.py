@@ -57,6 +57,19 @@ class AdditiveDesign:
         return out
 
     @property
+    def peak_row_width(self) -> int:
+        """Columns per row held at the peak of `design` (scaled features excluded): the blocks built
+        so far plus the one being built and its temporaries, or all blocks plus their concatenation.
+
+            max(2 D, max_j (blocks before j + D_j + work_j))
+        """
+        built, peak = int(self.intercept), 0
+        for effect in self.effects:
+            peak = max(peak, built + effect.width + effect.work_width)
+            built += effect.width
+        return max(peak, 2 * self.width)
+
+    @property
     def width(self) -> int:
         """D, the number of columns of Phi."""
         return int(self.intercept) + sum(e.width for e in self.effects)

@@ -36,6 +36,10 @@ class FourierEffect(Effect):
     def width(self) -> int:
         return 2 * self.m
 
+    @property
+    def work_width(self) -> int:
+        return 3 * self.m  # angles, cosines, sines before their concatenation
+
     def design(self, x: torch.Tensor) -> torch.Tensor:
         return fourier_features(x, self.m, self.period_factor)
 

@@ -105,6 +105,10 @@ class SplineEffect(Effect):
     def width(self) -> int:
         return self.k + self.deg
 
+    @property
+    def work_width(self) -> int:
+        return 6 * (self.deg + 1)  # de Boor's running values, knot distances, column indices
+
     def design(self, x: torch.Tensor) -> torch.Tensor:
         return bspline_design(x, self.k, self.deg)
 

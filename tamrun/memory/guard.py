@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class BudgetExceeded(MemoryError):
-    """Raised by tamrun's own accounting when a step would exceed the user's memory limit."""
-
-
 def oom_exception_types() -> Tuple[Type[BaseException], ...]:
     """Exception types that mean out-of-memory on any backend (MPS/XPU raise RuntimeError, see
     `is_oom`)."""
@@ -39,8 +35,8 @@ def oom_exception_types() -> Tuple[Type[BaseException], ...]:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for an out-of-memory error. torch.OutOfMemoryError and MemoryError (BudgetExceeded
-    included) by type; a RuntimeError only when it is the MPS/XPU allocator's out-of-memory error."""
+    """True for an out-of-memory error. torch.OutOfMemoryError and MemoryError (the tracker's
+    BudgetExceeded included) by type; a RuntimeError only when it is the MPS/XPU allocator's out-of-memory error."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and (

@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from tamrun.config.schema import MemoryConfig
 from tamrun.errors import MemoryBudgetError
 from tamrun.memory.footprint import (ProblemSize, cg_cache_bytes, cg_system_bytes, dense_system_bytes,
-                                     predict_row_bytes, row_bytes)
+                                     predict_fixed_bytes, predict_row_bytes, row_bytes, step_bytes)
 from tamrun.memory.units import format_size
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step's footprint per group: ``fixed`` bytes plus ``per_row`` bytes per row of its chunk."""
+
+    fixed: int
+    per_row: int
+
+    def bytes(self, groups: int, rows: int, overhead: float) -> int:
+        return step_bytes(groups, rows, self.fixed, self.per_row, overhead)
 
 
 @dataclass(frozen=True)
@@ -38,21 +49,47 @@ class Plan:
     reason: str
     fit: ChunkPlan
     predict: ChunkPlan
-    cache_design: bool  # CG keeps Phi between iterations
+    cache_design: bool  # CG keeps W Phi between iterations
     budget: int
     free: int
     predicted_peak: int
+    minimal_limit: int = 0  # the smallest memory.limit this run can be planned in (smallest chunks)
+    fit_cost: StepCost = StepCost(0, 0)
+    predict_cost: StepCost = StepCost(0, 0)
+    overhead: float = 1.1
+    chunk_fraction: float = 0.7
+    predict_output: int = 0  # bytes of the (G, N) predictions, held through the predict step
+
+    @property
+    def plan_limit(self) -> int:
+        """The smallest memory.limit that keeps this plan's chunk sizes."""
+        return int(self.predicted_peak / self.chunk_fraction) + 1
 
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def describe(self) -> str:
+        """The plan as a few human-readable lines."""
+        return "\n".join([
+            f"route: {self.route} ({self.reason})",
+            f"fit chunks: {self.fit.groups} groups x {self.fit.rows} rows ({format_size(self.fit.bytes)})"
+            + (", W Phi cached between CG iterations" if self.cache_design else ""),
+            f"predict chunks: {self.predict.groups} groups x {self.predict.rows} rows ({format_size(self.predict.bytes)})",
+            f"predicted working peak: {format_size(self.predicted_peak)} of a budget of {format_size(self.budget)} "
+            f"(free memory seen: {format_size(self.free)})",
+            f"smallest memory.limit this run fits in: {format_size(self.minimal_limit)} (smallest chunks); "
+            f"this plan's chunks need memory.limit >= {format_size(self.plan_limit)}",
+        ])
+
 
 def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: int, budget: int,
-               overhead: float, max_rows: Optional[int] = None, what: str = "fit") -> ChunkPlan:
+               overhead: float, max_rows: Optional[int] = None, what: str = "fit",
+               minimal_limit: Optional[int] = None, limit: Optional[int] = None) -> ChunkPlan:
     """Largest (groups, rows) with overhead * groups * (fixed + rows * row) <= budget.
 
-    Rows are kept whole when possible; otherwise all groups are kept if at least one row chunk of
-    ``min(n_rows, 1024)`` rows fits, else fewer groups. Pure function: no device is touched.
+    All groups are kept if a chunk of ``min(n_rows, max_rows, 1024)`` rows fits for all of them, with
+    as many rows as fit; otherwise as many groups as fit with that many rows; otherwise one group with
+    as many rows as fit. Pure function: no device is touched.
 
     Raises:
         MemoryBudgetError: not even one group with one row fits (the message gives the minimum).
@@ -60,20 +97,20 @@ def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: 
     rows_cap = n_rows if max_rows is None else max(1, min(n_rows, max_rows))
 
     def cost(g: int, r: int) -> int:
-        return int(overhead * g * (per_group_fixed + r * per_group_row))
+        return step_bytes(g, r, per_group_fixed, per_group_row, overhead)
 
-    smallest = cost(1, 1)
-    if smallest > budget:
-        raise MemoryBudgetError("memory.limit", format_size(budget),
-                                f"the {what} step needs at least {format_size(smallest)} "
-                                f"(one group, one row) but the budget is {format_size(budget)}",
-                                f"raise memory.limit to at least {format_size(smallest / 0.7 + 1)} or free memory")
-    if cost(n_groups, rows_cap) <= budget:
-        return ChunkPlan(n_groups, rows_cap, cost(n_groups, rows_cap))
+    if cost(1, 1) > budget:
+        need = f"at least {format_size(minimal_limit)}" if minimal_limit else f"more than {format_size(budget)}"
+        raise MemoryBudgetError("memory.limit", format_size(limit) if limit is not None else None,
+                                f"the {what} step needs {format_size(cost(1, 1))} for its smallest chunk (one group, "
+                                f"one row) but its budget (the chunk fraction of the free memory under the limit) "
+                                f"is {format_size(budget)}",
+                                f"raise memory.limit to {need}, or free memory")
     floor_rows = min(rows_cap, 1024)
-    groups = n_groups if cost(n_groups, floor_rows) <= budget else max(
-        1, budget // max(1, cost(1, floor_rows)))
-    groups = int(min(groups, n_groups))
+    if cost(n_groups, floor_rows) <= budget:
+        groups = n_groups
+    else:
+        groups = max(1, min(n_groups, int(budget // max(1, cost(1, floor_rows)))))
     rows = int(((budget / overhead) / groups - per_group_fixed) // per_group_row)
     rows = max(1, min(rows, rows_cap))
     return ChunkPlan(groups, rows, cost(groups, rows))
@@ -97,11 +134,42 @@ class MemoryOracle:
         """Free memory seen through the user's limit."""
         return free if self.limit is None else min(free, self.limit)
 
-    def route(self, size: ProblemSize, free: int, requested: str = "auto") -> tuple:
+    def dense_bytes(self, size: ProblemSize) -> int:
+        """One group's dense system plus a one-row chunk, with the overhead."""
+        return step_bytes(1, 1, dense_system_bytes(size), row_bytes(size), self.cfg.overhead_factor)
+
+    def costs(self, size: ProblemSize, route: str, cache: bool) -> Tuple[StepCost, StepCost]:
+        """(fit, predict) per-group costs of a route."""
+        if route == "direct":
+            fit = StepCost(dense_system_bytes(size), row_bytes(size))
+        elif cache:  # the chunk being built becomes part of the cache: its Phi is not counted twice
+            fit = StepCost(cg_system_bytes(size) + cg_cache_bytes(size), row_bytes(size) - size.width * size.itemsize)
+        else:
+            fit = StepCost(cg_system_bytes(size), row_bytes(size))
+        return fit, StepCost(size.width * size.itemsize, predict_row_bytes(size))
+
+    def predict_output_bytes(self, size: ProblemSize) -> int:
+        """The (G, N) predictions, with the overhead."""
+        return int(self.cfg.overhead_factor * predict_fixed_bytes(size) * size.n_groups)
+
+    def minimal_limit(self, size: ProblemSize) -> int:
+        """The smallest memory.limit with which some route can plan one group, one row per chunk."""
+        overhead = self.cfg.overhead_factor
+        _, predict = self.costs(size, "cg", cache=False)
+        smallest_predict = (predict.bytes(1, 1, overhead) + self.predict_output_bytes(size)) / self.chunk_fraction
+        cg_fit, _ = self.costs(size, "cg", cache=False)
+        cg = cg_fit.bytes(1, 1, overhead) / self.chunk_fraction
+        direct_fit, _ = self.costs(size, "direct", cache=False)
+        direct = max(direct_fit.bytes(1, 1, overhead) / self.chunk_fraction, self.dense_bytes(size) / self.cfg.dense_fraction)
+        if size.width > self.cfg.max_dense_dim:
+            direct = float("inf")
+        return int(max(min(cg, direct), smallest_predict)) + 1
+
+    def route(self, size: ProblemSize, free: int, requested: str = "auto") -> Tuple[str, str]:
         """(route, reason) per waterfall step 1, unless ``requested`` forces one."""
         if requested in ("direct", "cg"):
             return requested, f"solver.name={requested}"
-        dense = int(self.cfg.overhead_factor * (dense_system_bytes(size) + row_bytes(size)))
+        dense = self.dense_bytes(size)
         room = self.cfg.dense_fraction * self.capped_free(free)
         if size.width > self.cfg.max_dense_dim:
             return "cg", f"D={size.width} > memory.max_dense_dim={self.cfg.max_dense_dim}"
@@ -110,28 +178,37 @@ class MemoryOracle:
                           f"= {format_size(room)}")
         return "direct", f"D={size.width} <= {self.cfg.max_dense_dim} and one dense system needs {format_size(dense)}"
 
-    def plan(self, size: ProblemSize, free: int, requested: str = "auto", n_predict_rows: Optional[int] = None) -> Plan:
-        """The whole plan: route, fit chunks, predict chunks and the predicted peak."""
+    def plan(self, size: ProblemSize, free: int, requested: str = "auto") -> Plan:
+        """The whole plan: route, fit chunks, predict chunks, the predicted peak and the minimal limit.
+
+        Raises:
+            MemoryBudgetError: even the smallest chunk does not fit (the message gives the minimal limit).
+        """
         route, reason = self.route(size, free, requested)
         budget = int(self.chunk_fraction * self.capped_free(free))
-        overhead = self.cfg.overhead_factor
-        cache = False
-        if route == "direct":
-            fit = pick_chunk(size.n_groups, size.n_rows, dense_system_bytes(size), row_bytes(size), budget,
-                             overhead, self.cfg.max_chunk_rows)
-        else:
-            try:  # keep Phi between CG iterations when a whole group's design fits
-                fit = pick_chunk(size.n_groups, size.n_rows, cg_system_bytes(size) + cg_cache_bytes(size),
-                                 row_bytes(size), budget, overhead, self.cfg.max_chunk_rows)
-                cache = True
-            except MemoryBudgetError:
-                fit = pick_chunk(size.n_groups, size.n_rows, cg_system_bytes(size), row_bytes(size), budget,
-                                 overhead, self.cfg.max_chunk_rows)
-        pred_rows = n_predict_rows or size.n_rows
-        predict = pick_chunk(size.n_groups, pred_rows, size.width * size.itemsize, predict_row_bytes(size), budget,
-                             overhead, self.cfg.max_chunk_rows, what="predict")
+        overhead, max_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows
+        minimal = self.minimal_limit(size)
+        cache = route == "cg"
+        fit_cost, predict_cost = self.costs(size, route, cache)
+        try:
+            fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
+                             max_rows, "fit", minimal, self.limit)
+        except MemoryBudgetError:
+            if not cache:
+                raise
+            cache = False  # W Phi does not fit whole: rebuild it chunk by chunk at every CG product
+            fit_cost, predict_cost = self.costs(size, route, cache)
+            fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
+                             max_rows, "fit", minimal, self.limit)
+        output = self.predict_output_bytes(size)
+        chunk = pick_chunk(size.n_groups, max(size.n_rows, size.n_predict_rows), predict_cost.fixed,
+                           predict_cost.per_row, max(0, budget - output), overhead, max_rows, "predict", minimal,
+                           self.limit)
+        predict = ChunkPlan(chunk.groups, chunk.rows, chunk.bytes + output)
         plan = Plan(route=route, reason=reason, fit=fit, predict=predict, cache_design=cache, budget=budget,
-                    free=free, predicted_peak=max(fit.bytes, predict.bytes))
+                    free=free, predicted_peak=max(fit.bytes, predict.bytes), minimal_limit=minimal,
+                    fit_cost=fit_cost, predict_cost=predict_cost, overhead=overhead,
+                    chunk_fraction=self.chunk_fraction, predict_output=output)
         log.info("memory plan: route=%s (%s); fit chunk %d groups x %d rows; predict chunk %d x %d; "
                  "predicted peak %s of budget %s", route, reason, fit.groups, fit.rows, predict.groups,
                  predict.rows, format_size(plan.predicted_peak), format_size(budget))

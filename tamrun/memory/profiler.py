@@ -1,47 +1,103 @@
-"""Per-phase timing and memory peaks of a run."""
+"""Phase timing, memory snapshots and per-phase peaks of a run.
+
+A phase records its wall time, the memory held when it began and the peak reached during it (peak
+RSS on the CPU via the Linux high-water mark, reset at the phase start; max_memory_allocated on
+CUDA), and, when metered, the exact peak of the tensor bytes it created (`TensorMeter`): its
+working peak. Snapshots (time, phase, label, allocated, reserved, free) feed the memory timeline.
+"""
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Dict, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterator, List
 
 from tamrun.device import DeviceManager
+from tamrun.memory.meter import TensorMeter
 
 
 @dataclass
 class PhaseRecord:
     seconds: float
-    peak_bytes: int  # peak since the phase began (peak RSS on the CPU, max allocated on CUDA)
-    start_bytes: int  # held when the phase began
+    start_bytes: int  # held when the phase began (RSS on the CPU, allocated on CUDA)
+    peak_bytes: int  # peak during the phase (absolute)
+    tensor_peak: int = -1  # peak of the tensor bytes the phase created (-1: not metered)
+
+    @property
+    def working_peak(self) -> int:
+        """The metered tensor peak, else the peak above what was held when the phase began."""
+        return self.tensor_peak if self.tensor_peak >= 0 else max(0, self.peak_bytes - self.start_bytes)
+
+
+@dataclass
+class Snapshot:
+    seconds: float  # since the recorder was created
+    phase: str
+    label: str
+    allocated: int
+    reserved: int
+    free: int
+
+    @property
+    def utilisation(self) -> float:
+        """allocated / (allocated + free)."""
+        return self.allocated / max(1, self.allocated + self.free)
 
 
 @dataclass
 class PhaseRecorder:
-    """``with recorder.phase("fit"): ...`` records the phase's wall time and memory peak."""
+    """``with recorder.phase("solve"): ...`` records a phase; ``recorder.snapshot(label)`` a point."""
 
     devices: DeviceManager
     phases: Dict[str, PhaseRecord] = field(default_factory=dict)
+    snapshots: List[Snapshot] = field(default_factory=list)
+    current: str = ""
+    started: float = field(default_factory=time.perf_counter)
+
+    def snapshot(self, label: str) -> None:
+        view = self.devices.memory()
+        self.snapshots.append(Snapshot(time.perf_counter() - self.started, self.current, label,
+                                       self.devices.allocated(), self.devices.reserved(), view.free))
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str, metered: bool = False) -> Iterator[None]:
+        """Record a phase; ``metered`` also counts the tensor bytes it creates (`TensorMeter`)."""
         self.devices.synchronize()
         self.devices.reset_peak()
+        self.current = name
         start_bytes = self.devices.allocated()
+        self.snapshot("begin")
+        meter = TensorMeter() if metered else None
         began = time.perf_counter()
         try:
-            yield
+            if meter is None:
+                yield
+            else:
+                with meter:
+                    yield
         finally:
             self.devices.synchronize()
-            self.phases[name] = PhaseRecord(time.perf_counter() - began, self.devices.peak(), start_bytes)
+            self.phases[name] = PhaseRecord(time.perf_counter() - began, start_bytes, self.devices.peak(),
+                                            meter.peak if meter is not None else -1)
+            self.snapshot("end")
+
+    def working_peak(self, phases: tuple = ("solve", "predict")) -> int:
+        """The largest peak above its phase's start among ``phases`` (the memory the plan governs)."""
+        return max((self.phases[p].working_peak for p in phases if p in self.phases), default=0)
 
     def metrics(self) -> Dict[str, float]:
-        """``<phase>_seconds`` and ``peak_memory_<phase>_bytes`` for every phase, plus the overall peak."""
+        """``<phase>_seconds``, ``peak_memory_<phase>_bytes`` (absolute), ``working_peak_<phase>_bytes``."""
         out: Dict[str, float] = {}
         for name, rec in self.phases.items():
             out[f"{name}_seconds"] = rec.seconds
             out[f"peak_memory_{name}_bytes"] = rec.peak_bytes
+            out[f"working_peak_{name}_bytes"] = rec.working_peak
         if self.phases:
             out["peak_memory_bytes"] = max(r.peak_bytes for r in self.phases.values())
+        out["working_peak_bytes"] = self.working_peak()
         return out
+
+    def as_dict(self) -> dict:
+        return {"phases": {k: {**asdict(v), "working_peak": v.working_peak} for k, v in self.phases.items()},
+                "snapshots": [asdict(s) for s in self.snapshots]}

@@ -1,18 +1,19 @@
 """The dispatcher: builds each group chunk's normal equations (or CG operator) chunk by chunk, under
-the OOM guard, and hands them to the solver the oracle chose.
+the memory tracker and the OOM guard, and hands them to the solver the oracle chose.
 
 Per group g with n_g real rows, weights w in {0, 1} (padding has w = 0):
     A_g = Phi_g' W Phi_g / n_g + P + jitter I,     b_g = Phi_g' W y_g / n_g
 direct: A_g accumulated over row chunks, then batched Cholesky.
-cg:     A_g v = Phi_g' W (Phi_g v) / n_g + P v + jitter v, with Phi_g kept (if the plan allows) or
-        rebuilt chunk by chunk at each product; Jacobi preconditioner diag(A_g).
+cg:     A_g v = (W Phi_g)' (W Phi_g v) / n_g + P v + jitter v, with W Phi_g kept (if the plan allows)
+        or rebuilt chunk by chunk at each product; Jacobi preconditioner diag(A_g).
+A step that runs out of memory (or would exceed the tracker's budget) is retried with fewer groups.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -22,6 +23,7 @@ from tamrun.device import DeviceManager
 from tamrun.effects.design import AdditiveDesign
 from tamrun.memory.guard import OomLog, retry_on_oom
 from tamrun.memory.oracle import Plan
+from tamrun.memory.tracker import MemoryTracker
 from tamrun.solve.cg import DEFAULT_TOL, conjugate_gradient
 from tamrun.solve.direct import cholesky_solve
 
@@ -52,19 +54,43 @@ class Dispatcher:
     Args:
         design: the fitted `AdditiveDesign` (width D).
         devices: the run's `DeviceManager`.
-        plan: the oracle's `Plan` (route, chunk sizes, whether CG keeps Phi).
+        plan: the oracle's `Plan` (route, chunk sizes and their per-group costs).
         solver: solver settings (tolerance, iterations, preconditioner, jitter).
         oom_policy, oom_log: the retry settings and the run's OOM event log.
+        tracker: the budget every step is charged to (None: an unlimited one).
+        snapshot: called with a label after each chunk (the memory timeline).
     """
 
     def __init__(self, design: AdditiveDesign, devices: DeviceManager, plan: Plan, solver: SolverConfig,
-                 oom_policy: OomConfig, oom_log: OomLog) -> None:
+                 oom_policy: OomConfig, oom_log: OomLog, tracker: Optional[MemoryTracker] = None,
+                 snapshot: Callable[[str], None] = lambda label: None) -> None:
         self.design = design
         self.devices = devices
         self.plan = plan
         self.solver = solver
         self.oom_policy = oom_policy
         self.oom_log = oom_log
+        self.tracker = tracker or MemoryTracker(None, plan.overhead)
+        self.snapshot = snapshot
+
+    def _guarded(self, step: Callable[[int], Tuple[int, int]], total: int, chunk: int, rows: int, phase: str,
+                 cost) -> int:
+        """Run ``step(start, size)`` over ``total`` groups in chunks, each charged to the tracker and
+        retried with fewer groups on OOM; returns the chunk size that was kept."""
+        start = 0
+        while start < total:
+            def attempt(size: int, start: int = start) -> Tuple[int, int]:
+                take = min(size, total - start)
+                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{phase} of {take} group(s)"):
+                    step(start, take)
+                self.snapshot(f"{phase} groups {start}..{start + take - 1}")
+                return take, size
+
+            done, chunk = retry_on_oom(attempt, chunk, self.oom_policy, phase, self.oom_log,
+                                       free_memory=self.devices.empty_cache,
+                                       needed_bytes=lambda size: cost.bytes(size, rows, self.plan.overhead))
+            start += done
+        return chunk
 
     # ---- fit -------------------------------------------------------------------------------------
     def fit(self, batch: GroupedBatch) -> Tuple[torch.Tensor, FitStats]:
@@ -72,44 +98,32 @@ class Dispatcher:
         stats = FitStats(route=self.plan.route, group_chunk=self.plan.fit.groups, row_chunk=self.plan.fit.rows)
         coef = torch.empty(len(batch.groups), self.design.width, dtype=batch.x.dtype)
         penalty = self.design.penalty().to(device=self.devices.device, dtype=batch.x.dtype)
-        start = 0
-        n_groups = len(batch.groups)
-        chunk = self.plan.fit.groups
-        while start < n_groups:
-            def solve_chunk(size: int, start: int = start) -> Tuple[torch.Tensor, int]:
-                groups = slice(start, min(start + size, n_groups))
-                if self.plan.route == "direct":
-                    return self._fit_direct(batch, groups, penalty, stats), size
-                return self._fit_cg(batch, groups, penalty, stats), size
+        solve = self._fit_direct if self.plan.route == "direct" else self._fit_cg
 
-            solved, chunk = retry_on_oom(solve_chunk, chunk, self.oom_policy, f"fit/{self.plan.route}",
-                                         self.oom_log, free_memory=self.devices.empty_cache)
-            coef[start:start + solved.shape[0]] = solved.cpu()  # a shrunk chunk size is kept for the rest
-            start += solved.shape[0]
-        stats.group_chunk = min(stats.group_chunk, chunk)
+        def step(start: int, size: int) -> None:
+            groups = slice(start, start + size)
+            coef[groups] = solve(batch, groups, penalty, stats).cpu()
+
+        stats.group_chunk = self._guarded(step, len(batch.groups), self.plan.fit.groups, self.plan.fit.rows,
+                                          f"fit/{self.plan.route}", self.plan.fit_cost)
         return coef, stats
 
-    def _chunk_tensors(self, batch: GroupedBatch, groups: slice, rows: slice):
-        device = self.devices.device
-        return (batch.x[groups, rows].to(device), batch.y[groups, rows].to(device),
-                batch.weight[groups, rows].to(device))
-
-    def _weighted_design(self, batch: GroupedBatch, groups: slice, rows: slice):
+    def _weighted_design(self, batch: GroupedBatch, groups: slice, rows: slice) -> Tuple[torch.Tensor, torch.Tensor]:
         """(W Phi, W y) of a chunk: padded rows zeroed in place (no second copy of Phi)."""
-        x, y, w = self._chunk_tensors(batch, groups, rows)
+        device = self.devices.device
+        x, y, w = (batch.x[groups, rows].to(device), batch.y[groups, rows].to(device),
+                   batch.weight[groups, rows].to(device))
         return self.design.design(x, groups).mul_(w.unsqueeze(-1)), y * w
 
     def _system_scale(self, batch: GroupedBatch, groups: slice) -> torch.Tensor:
         return batch.counts[groups].to(self.devices.device).clamp_min(1.0)
 
     def _fit_direct(self, batch: GroupedBatch, groups: slice, penalty: torch.Tensor, stats: FitStats) -> torch.Tensor:
-        n_rows = batch.x.shape[1]
-        g = len(range(*groups.indices(len(batch.groups))))
-        dim = self.design.width
+        g, dim = groups.stop - groups.start, self.design.width
         dtype, device = batch.x.dtype, self.devices.device
         gram = torch.zeros(g, dim, dim, dtype=dtype, device=device)
         rhs = torch.zeros(g, dim, dtype=dtype, device=device)
-        for r0, r1 in _spans(n_rows, self.plan.fit.rows):
+        for r0, r1 in _spans(batch.x.shape[1], self.plan.fit.rows):
             phi, y = self._weighted_design(batch, groups, slice(r0, r1))
             gram.baddbmm_(phi.mT, phi)  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
             rhs.unsqueeze(-1).baddbmm_(phi.mT, y.unsqueeze(-1))
@@ -124,9 +138,8 @@ class Dispatcher:
         return coef
 
     def _fit_cg(self, batch: GroupedBatch, groups: slice, penalty: torch.Tensor, stats: FitStats) -> torch.Tensor:
-        n_rows = batch.x.shape[1]
-        spans = list(_spans(n_rows, self.plan.fit.rows))
-        n = self._system_scale(batch, groups)
+        spans = list(_spans(batch.x.shape[1], self.plan.fit.rows))
+        n = self._system_scale(batch, groups).view(-1, 1)
         cached: Optional[List[torch.Tensor]] = None
         if self.plan.cache_design:
             cached = [self._weighted_design(batch, groups, slice(r0, r1))[0] for r0, r1 in spans]
@@ -138,23 +151,21 @@ class Dispatcher:
                 for r0, r1 in spans:
                     yield self._weighted_design(batch, groups, slice(r0, r1))[0]
 
-        # rhs and Jacobi diagonal in one pass
-        g = len(range(*groups.indices(len(batch.groups))))
+        g = groups.stop - groups.start
         rhs = torch.zeros(g, self.design.width, dtype=batch.x.dtype, device=self.devices.device)
         diag = torch.zeros_like(rhs)
-        for (r0, r1), phi_w in zip(spans, weighted_blocks()):
+        for (r0, r1), phi_w in zip(spans, weighted_blocks()):  # rhs and Jacobi diagonal in one pass
             y = batch.y[groups, r0:r1].to(self.devices.device)
             rhs += torch.einsum("gnd,gn->gd", phi_w, y)
             diag += (phi_w * phi_w).sum(dim=1)
-        rhs /= n.view(-1, 1)
-        diag = diag / n.view(-1, 1) + penalty.diagonal() + self.solver.jitter
+        rhs /= n
+        diag = diag / n + penalty.diagonal() + self.solver.jitter
 
         def matvec(v: torch.Tensor) -> torch.Tensor:
-            out = v @ penalty + self.solver.jitter * v
             acc = torch.zeros_like(v)
             for phi_w in weighted_blocks():
                 acc += torch.einsum("gnd,gn->gd", phi_w, torch.einsum("gnd,gd->gn", phi_w, v))
-            return out + acc / n.view(-1, 1)
+            return acc / n + v @ penalty + self.solver.jitter * v
 
         inverse_diagonal = 1.0 / diag if self.solver.preconditioner.value == "jacobi" else None
         tol = self.solver.tol if self.solver.tol is not None else DEFAULT_TOL[rhs.dtype]
@@ -171,20 +182,15 @@ class Dispatcher:
         """Predictions (G, N) on the CPU; padded rows hold 0."""
         n_groups, n_rows = batch.x.shape[:2]
         out = torch.zeros(n_groups, n_rows, dtype=batch.x.dtype)
-        rows = min(self.plan.predict.rows, n_rows) or 1
+        rows = max(1, min(self.plan.predict.rows, n_rows))
         coef_dev = coef.to(device=self.devices.device, dtype=batch.x.dtype)
 
-        def predict_chunk(size: int, start: int) -> Tuple[int, int]:
-            groups = slice(start, min(start + size, n_groups))
+        def step(start: int, size: int) -> None:
+            groups = slice(start, start + size)
             for r0, r1 in _spans(n_rows, rows):
-                x = batch.x[groups, r0:r1].to(self.devices.device)
-                phi = self.design.design(x, groups)
+                phi = self.design.design(batch.x[groups, r0:r1].to(self.devices.device), groups)
                 out[groups, r0:r1] = torch.einsum("gnd,gd->gn", phi, coef_dev[groups]).cpu()
-            return groups.stop - groups.start, size
+                del phi
 
-        start, chunk = 0, self.plan.predict.groups
-        while start < n_groups:
-            done, chunk = retry_on_oom(lambda size, s=start: predict_chunk(size, s), chunk, self.oom_policy,
-                                       "predict", self.oom_log, free_memory=self.devices.empty_cache)
-            start += done
-        return out * batch.weight
+        self._guarded(step, n_groups, self.plan.predict.groups, rows, "predict", self.plan.predict_cost)
+        return out.mul_(batch.weight)

@@ -1,0 +1,62 @@
+"""TensorMeter: the exact peak of tensor bytes created inside a block, on any device.
+
+Process RSS cannot tell a run's working memory apart (the C allocator recycles freed heap blocks
+without growing the resident set), and CUDA's max_memory_allocated exists only on CUDA. This meter
+sees every ATen operation through a TorchDispatchMode, charges each new storage it creates, drops
+the charge when the storage is freed, and keeps the high-water mark:
+
+    live(t) = sum of nbytes of the storages created since the block began and still alive at t
+    peak    = max over the operations of live(t)
+
+Tensors that existed before the block (the data) are not counted: the peak is the working memory.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class TensorMeter(TorchDispatchMode):
+    """``with TensorMeter() as meter: ...`` then ``meter.peak`` (bytes); ``meter.live`` is current."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._storages: Dict[Tuple[str, int], Tuple[StorageWeakRef, int]] = {}
+        self.live = 0
+        self.peak = 0
+
+    def _sweep(self) -> None:
+        dead = [key for key, (ref, _) in self._storages.items() if ref.expired()]
+        for key in dead:
+            self.live -= self._storages.pop(key)[1]
+
+    @staticmethod
+    def _key(tensor: torch.Tensor) -> Tuple[str, int]:
+        storage = tensor.untyped_storage()
+        return str(storage.device), storage.data_ptr()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self._sweep()
+        # An output that shares an input's storage is a view or an in-place result: nothing new.
+        inputs = {self._key(t) for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+                storage = leaf.untyped_storage()
+                key = self._key(leaf)
+                if key not in self._storages and key not in inputs and storage.nbytes() > 0:
+                    self._storages[key] = (StorageWeakRef(storage), storage.nbytes())
+                    self.live += storage.nbytes()
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def reset_peak(self) -> None:
+        self._sweep()
+        self.peak = self.live
