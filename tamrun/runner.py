@@ -24,6 +24,7 @@ from tamrun.device import DeviceManager
 from tamrun.effects.design import describe
 from tamrun.evaluate import group_metrics, predictions_table, split_metrics
 from tamrun.memory.guard import OomLog
+from tamrun.memory.meter import TensorMeter
 from tamrun.memory.oracle import Plan
 from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.report import memory_report, report_text
@@ -115,6 +116,8 @@ def _plan_only(config: Config, specs: Dict[str, Any], devices: DeviceManager) ->
 
 def _fit_and_evaluate(config: Config, specs: Dict[str, Any], devices: DeviceManager,
                       tracked: TrackedRun) -> RunResult:
+    if config.memory.meter:
+        TensorMeter.warm_up()
     recorder = PhaseRecorder(devices)
     train_frame, test_frame, features, test, plan = _prepare(config, specs, devices, recorder)
     limit = parse_size(config.memory.limit)
@@ -168,7 +171,7 @@ def _fit_and_evaluate(config: Config, specs: Dict[str, Any], devices: DeviceMana
     if config.tracking.log_plots:
         figure = forecast_figure(table, title=f"{config.model.name}: test RMSE {metrics['rmse_test']:.1f}")
         tracked.log_figure(figure, "plots/forecast.png")
-        tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, plan.predicted_peak,
-                                                  recorder.phases["solve"].start_bytes), "plots/memory_timeline.png")
+        tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, plan.predicted_peak),
+                           "plots/memory_timeline.png")
     return RunResult(run_id=None, route=plan.route, width=design.width, groups=model.groups, coef=coef,
                      metrics=metrics, predictions=table, plan=plan, stats=stats)

@@ -65,3 +65,23 @@ def test_runs_from_any_directory_with_the_default_store(tmp_path, csv_path):
     assert store.is_file()
     runs = MlflowClient(tracking_uri=f"sqlite:///{store}").search_runs(["1"])
     assert [r.info.status for r in runs] == ["FINISHED"]
+
+
+def test_an_impossible_limit_stops_before_fitting_with_the_minimal_limit(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = tamrun(f"tracking.uri={store}", "memory.limit=1KiB", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "memory.limit='1.00 KiB'" in done.stderr and "raise memory.limit to at least" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    (logged,) = MlflowClient(tracking_uri=store).search_runs(["1"])
+    assert logged.info.status == "FAILED"
+    assert "solve_seconds" not in logged.data.metrics  # nothing was fitted
+
+
+def test_plan_mode_prints_the_plan_without_fitting_or_recording(tmp_path):
+    store = tmp_path / "mlflow.db"
+    done = tamrun(f"tracking.uri=sqlite:///{store}", "mode=plan", "model=spline", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "route: direct" in done.stdout and "smallest memory.limit this run fits in" in done.stdout
+    assert "predicted working peak" in done.stdout
+    assert not store.exists()

@@ -89,3 +89,72 @@ def test_route_rule_follows_the_waterfall_thresholds():
     assert oracle.route(small, free=10**9, requested="cg")[0] == "cg"
     capped = MemoryOracle(MemoryConfig(), limit=1000, on_gpu=False)
     assert capped.route(small, free=10**12)[0] == "cg"  # the user's limit caps the free memory
+
+
+def test_tracker_charges_with_overhead_and_refuses_past_the_budget():
+    from tamrun.memory.tracker import BudgetExceeded, MemoryTracker
+
+    tracker = MemoryTracker(budget=1000, overhead_factor=1.1)
+    first = tracker.allocate(500, "a")
+    assert first == 550 and tracker.would_fit(400) and not tracker.would_fit(410)
+    with pytest.raises(BudgetExceeded, match="exceeds the budget"):
+        tracker.allocate(500, "b")
+    with tracker.hold(300):
+        assert tracker.current == 550 + 330
+    tracker.release(first)
+    assert tracker.current == 0 and tracker.peak == 880
+    tracker.reset()
+    assert tracker.peak == 0
+
+
+def test_guard_shrinks_when_the_tracker_refuses():
+    from tamrun.memory.tracker import MemoryTracker
+
+    tracker, seen = MemoryTracker(budget=3000, overhead_factor=1.0), []
+
+    def step(size: int) -> int:
+        seen.append(size)
+        with tracker.hold(size * 100):  # BudgetExceeded is a MemoryError: the guard's business
+            return size
+
+    assert retry_on_oom(step, 50, OomConfig(), "fit", OomLog(), sleep=lambda s: None) == 24
+    assert seen == [50, 35, 24]
+
+
+def test_tensor_meter_counts_new_storages_only():
+    from tamrun.memory.meter import TensorMeter
+
+    data = torch.zeros(1000, 100, dtype=torch.float64)  # held before: not working memory
+    with TensorMeter() as meter:
+        view = data[:500]  # a view: nothing new
+        scaled = data * 2.0  # 800,000 bytes
+        scaled.mul_(3.0)  # in place: nothing new
+        total = scaled.sum(dim=0)  # 800 bytes
+        del scaled
+        again = torch.ones(500, 100, dtype=torch.float64)  # 400,000 bytes, after the first was freed
+    assert meter.peak == 800_000 + 800
+    assert view.shape == (500, 100) and total.shape == (100,) and again.numel() == 50_000
+
+
+def small_problem() -> ProblemSize:
+    return ProblemSize(n_groups=48, n_rows=4000, width=60, n_features=8, itemsize=8, peak_row_width=150,
+                       n_predict_rows=400)
+
+
+def test_minimal_limit_is_the_boundary_of_what_can_be_planned():
+    oracle = MemoryOracle(MemoryConfig(), limit=None, on_gpu=False)
+    minimal = oracle.minimal_limit(small_problem())
+    fits = MemoryOracle(MemoryConfig(), limit=minimal, on_gpu=False).plan(small_problem(), free=10**12)
+    assert fits.fit.groups >= 1 and fits.predicted_peak <= fits.budget
+    with pytest.raises(MemoryBudgetError, match=r"raise memory.limit to at least"):
+        MemoryOracle(MemoryConfig(), limit=int(minimal * 0.95), on_gpu=False).plan(small_problem(), free=10**12)
+
+
+@pytest.mark.parametrize("limit", [None, 50 * 2**20, 5 * 2**20])
+def test_every_plan_stays_inside_its_budget(limit):
+    for requested in ("direct", "cg"):
+        plan = MemoryOracle(MemoryConfig(), limit=limit, on_gpu=False).plan(small_problem(), 64 * 2**30, requested)
+        assert plan.fit.bytes <= plan.budget and plan.predict.bytes <= plan.budget
+        assert plan.predicted_peak == max(plan.fit.bytes, plan.predict.bytes)
+        if limit is not None:
+            assert plan.budget == int(0.7 * limit)

@@ -46,7 +46,8 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     assert {"chunk_groups", "chunk_rows", "model.effects.toy.ap", "memory.dense_fraction", "dtype"} <= set(params)
     metrics = logged.data.metrics
     for name in ("rmse_train", "rmse_test", "mape_train", "mape_test", "fit_seconds", "predict_seconds",
-                 "peak_memory_bytes", "oom_retries", "predicted_peak_bytes"):
+                 "peak_memory_bytes", "oom_retries", "predicted_peak_bytes", "working_peak_bytes",
+                 "working_peak_solve_bytes", "peak_memory_solve_bytes", "minimal_limit_bytes", "chunk_rows"):
         assert name in metrics, name
     assert metrics["rmse_test"] == pytest.approx(result.metrics["rmse_test"], rel=1e-12)
     assert metrics["oom_retries"] == 0 and metrics["peak_memory_bytes"] > 0
@@ -58,7 +59,8 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
         assert tags["git_commit"] == head.stdout.strip()
     paths = artifact_paths(client, result.run_id)
     assert {"config/resolved.yaml", "config/overrides.txt", "predictions/predictions.csv",
-            "plots/forecast.png", "model/coefficients.csv", "memory/report.json"} <= paths
+            "plots/forecast.png", "model/coefficients.csv", "memory/report.json", "memory/report.txt",
+            "plots/memory_timeline.png"} <= paths
     local = client.download_artifacts(result.run_id, "predictions/predictions.csv", str(tmp_path))
     logged_predictions = pd.read_csv(local)
     test = logged_predictions[logged_predictions["split"] == "test"]

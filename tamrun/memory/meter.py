@@ -57,6 +57,13 @@ class TensorMeter(TorchDispatchMode):
         self.peak = max(self.peak, self.live)
         return out
 
+    @classmethod
+    def warm_up(cls) -> None:
+        """Enter and leave a meter once: the first dispatch mode imports torch._dynamo (about a
+        second and tens of MiB), which should not be charged to the first metered phase."""
+        with cls():
+            torch.zeros(1).add_(1)
+
     def reset_peak(self) -> None:
         self._sweep()
         self.peak = self.live

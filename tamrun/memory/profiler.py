@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 from tamrun.device import DeviceManager
 from tamrun.memory.meter import TensorMeter
@@ -38,6 +38,7 @@ class Snapshot:
     allocated: int
     reserved: int
     free: int
+    working: int = -1  # peak tensor bytes since the previous snapshot (metered phases), else -1
 
     @property
     def utilisation(self) -> float:
@@ -54,11 +55,18 @@ class PhaseRecorder:
     snapshots: List[Snapshot] = field(default_factory=list)
     current: str = ""
     started: float = field(default_factory=time.perf_counter)
+    meter: Optional[TensorMeter] = None
+    _phase_peak: int = 0
 
     def snapshot(self, label: str) -> None:
         view = self.devices.memory()
+        working = -1
+        if self.meter is not None:  # the chunk's peak, then a fresh window for the next one
+            working = self.meter.peak
+            self._phase_peak = max(self._phase_peak, working)
+            self.meter.reset_peak()
         self.snapshots.append(Snapshot(time.perf_counter() - self.started, self.current, label,
-                                       self.devices.allocated(), self.devices.reserved(), view.free))
+                                       self.devices.allocated(), self.devices.reserved(), view.free, working))
 
     @contextmanager
     def phase(self, name: str, metered: bool = False) -> Iterator[None]:
@@ -68,7 +76,8 @@ class PhaseRecorder:
         self.current = name
         start_bytes = self.devices.allocated()
         self.snapshot("begin")
-        meter = TensorMeter() if metered else None
+        meter = self.meter = TensorMeter() if metered else None
+        self._phase_peak = 0
         began = time.perf_counter()
         try:
             if meter is None:
@@ -79,8 +88,9 @@ class PhaseRecorder:
         finally:
             self.devices.synchronize()
             self.phases[name] = PhaseRecord(time.perf_counter() - began, start_bytes, self.devices.peak(),
-                                            meter.peak if meter is not None else -1)
+                                            max(meter.peak, self._phase_peak) if meter is not None else -1)
             self.snapshot("end")
+            self.meter = None
 
     def working_peak(self, phases: tuple = ("solve", "predict")) -> int:
         """The largest peak above its phase's start among ``phases`` (the memory the plan governs)."""

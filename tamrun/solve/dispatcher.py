@@ -72,11 +72,14 @@ class Dispatcher:
         self.oom_log = oom_log
         self.tracker = tracker or MemoryTracker(None, plan.overhead)
         self.snapshot = snapshot
+        self._learned: dict = {}  # phase -> chunk size an OOM taught
 
     def _guarded(self, step: Callable[[int], Tuple[int, int]], total: int, chunk: int, rows: int, phase: str,
                  cost) -> int:
         """Run ``step(start, size)`` over ``total`` groups in chunks, each charged to the tracker and
-        retried with fewer groups on OOM; returns the chunk size that was kept."""
+        retried with fewer groups on OOM; returns the chunk size that was kept (and remembered for
+        the phase's next call)."""
+        chunk = min(chunk, self._learned.get(phase, chunk))
         start = 0
         while start < total:
             def attempt(size: int, start: int = start) -> Tuple[int, int]:
@@ -90,6 +93,7 @@ class Dispatcher:
                                        free_memory=self.devices.empty_cache,
                                        needed_bytes=lambda size: cost.bytes(size, rows, self.plan.overhead))
             start += done
+        self._learned[phase] = chunk
         return chunk
 
     # ---- fit -------------------------------------------------------------------------------------

@@ -23,23 +23,30 @@ def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 1
     return figure
 
 
-def memory_timeline_figure(snapshots: list, limit: int | None, predicted_peak: int, baseline: int = 0):
-    """Memory held over time (MiB), one colour per phase, with the limit and the predicted peak
-    (both drawn above ``baseline``, the memory held when the solve began)."""
+def memory_timeline_figure(snapshots: list, limit: int | None, predicted_peak: int):
+    """Top: the process's memory (RSS on the CPU, allocated on CUDA) over time, one colour per phase.
+    Bottom: the working memory of the metered phases (peak tensor bytes of each chunk), with the
+    oracle's predicted peak and the memory.limit."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(10, 4), layout="constrained")
-    axis = figure.subplots()
-    phases = list(dict.fromkeys(s["phase"] for s in snapshots))
-    for phase in phases:
+    figure = Figure(figsize=(10, 6), layout="constrained")
+    held, working = figure.subplots(2, 1, sharex=True)
+    for phase in dict.fromkeys(s["phase"] for s in snapshots):
         points = [s for s in snapshots if s["phase"] == phase]
-        axis.plot([p["seconds"] for p in points], [p["allocated"] / 2**20 for p in points], ".-", label=phase)
-    axis.axhline((baseline + predicted_peak) / 2**20, color="grey", ls="--", lw=1, label="predicted peak")
+        seconds = [p["seconds"] for p in points]
+        line, = held.plot(seconds, [p["allocated"] / 2**20 for p in points], ".-", label=phase)
+        metered = [p for p in points if p.get("working", -1) >= 0]
+        if metered:
+            working.step([p["seconds"] for p in metered], [p["working"] / 2**20 for p in metered], where="pre",
+                         color=line.get_color(), label=phase)
+    working.axhline(predicted_peak / 2**20, color="grey", ls="--", lw=1, label="predicted peak")
     if limit:
-        axis.axhline((baseline + limit) / 2**20, color="red", ls=":", lw=1, label="memory.limit")
-    axis.set_xlabel("seconds")
-    axis.set_ylabel("MiB held")
-    axis.set_title("Memory timeline by phase")
-    axis.grid(alpha=0.3)
-    axis.legend(loc="best", fontsize="small")
+        working.axhline(limit / 2**20, color="red", ls=":", lw=1, label="memory.limit")
+    held.set_ylabel("MiB held by the process")
+    held.set_title("Memory timeline by phase")
+    working.set_ylabel("MiB of working tensors (chunk peaks)")
+    working.set_xlabel("seconds")
+    for axis in (held, working):
+        axis.grid(alpha=0.3)
+        axis.legend(loc="best", fontsize="small")
     return figure

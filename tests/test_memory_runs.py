@@ -1,0 +1,73 @@
+"""Runs under a memory limit and with faked OOMs, on the national presets (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tamrun.effects.design import AdditiveDesign
+from tamrun.errors import MemoryBudgetError
+from tamrun.runner import run
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((torch.linalg.vector_norm(a - b, dim=1) / torch.linalg.vector_norm(b, dim=1)).max())
+
+
+@pytest.mark.parametrize("model", ["fourier", "spline"])
+def test_a_tenth_of_the_working_peak_is_enough(compose_cfg, model):
+    free = run(compose_cfg(f"model={model}", "tracking=none"))
+    measured = free.metrics["working_peak_bytes"]
+    # the oracle's prediction is within 25 % of the measured working peak
+    assert abs(free.metrics["predicted_peak_bytes"] - measured) <= 0.25 * measured
+    limit = int(measured / 10)
+    capped = run(compose_cfg(f"model={model}", "tracking=none", f"memory.limit={limit}"))
+    assert capped.metrics["working_peak_bytes"] <= 1.1 * limit
+    assert capped.metrics["tracker_peak_bytes"] <= capped.plan.budget
+    assert capped.plan.fit.groups < free.plan.fit.groups or capped.plan.fit.rows < free.plan.fit.rows
+    assert relative_difference(capped.coef, free.coef) <= 1e-9
+    assert capped.metrics["rmse_test"] == pytest.approx(free.metrics["rmse_test"], rel=1e-9)
+
+
+def fake_oom_above(monkeypatch, max_groups: int) -> list:
+    """Make AdditiveDesign.design raise a fake torch.OutOfMemoryError (on purpose, to exercise the
+    retry path) whenever a chunk holds more than ``max_groups`` groups."""
+    real, sizes = AdditiveDesign.design, []
+
+    def design(self, x, group_slice=slice(None)):
+        sizes.append(x.shape[0])
+        if x.shape[0] > max_groups:
+            raise torch.OutOfMemoryError("fake OOM raised by the test")
+        return real(self, x, group_slice)
+
+    monkeypatch.setattr(AdditiveDesign, "design", design)
+    return sizes
+
+
+def test_faked_ooms_shrink_the_chunks_and_give_the_same_coefficients(compose_cfg, store_uri, monkeypatch):
+    clean = run(compose_cfg("tracking=none"))
+    monkeypatch.setenv("OOM_DELAY_MS", "0")
+    sizes = fake_oom_above(monkeypatch, max_groups=20)
+    result = run(compose_cfg())
+    assert sizes[:4] == [48, 33, 23, 16]  # 48, floor(0.7 * 48), floor(0.7 * 33), ...
+    # three retries in the fit, three in the first prediction; the second one starts from 16 groups
+    assert result.metrics["oom_retries"] == 6
+    assert relative_difference(result.coef, clean.coef) <= 1e-12
+    client = MlflowClient(tracking_uri=store_uri)
+    logged = client.get_run(result.run_id)
+    assert logged.info.status == "FINISHED" and logged.data.metrics["oom_retries"] == 6
+    report = client.download_artifacts(result.run_id, "memory/report.txt")
+    text = open(report).read()
+    assert "OOM events:" in text and "chunk 48 -> 33" in text and "smallest memory.limit" in text
+
+
+def test_the_guard_gives_up_with_the_needed_memory_and_the_run_fails(compose_cfg, store_uri, monkeypatch):
+    monkeypatch.setenv("OOM_MAX_RETRIES", "1")
+    monkeypatch.setenv("OOM_DELAY_MS", "0")
+    fake_oom_above(monkeypatch, max_groups=0)
+    with pytest.raises(MemoryBudgetError, match=r"this step needs about .* memory.limit"):
+        run(compose_cfg())
+    runs = MlflowClient(tracking_uri=store_uri).search_runs(["1"])
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert runs[0].data.tags["error_type"] == "MemoryBudgetError"
