@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import pandas as pd
 import torch
 
+from tamrun.config.effects import effect_columns
 from tamrun.config.schema import Config, DType
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import apply_nan_policy, check_table
@@ -45,7 +46,7 @@ def load_splits(config: Config, specs: Dict[str, Any]) -> Tuple[pd.DataFrame, pd
     data = config.data
     frame = add_derived_columns(load_table(data), data.derived, data.date_column)
     numeric = {"data.target": data.target}
-    numeric.update({f"model.effects.{name}.column": spec.column for name, spec in specs.items()})
+    numeric.update(effect_columns(specs))
     check_table(frame, numeric, {"data.group": data.group} if data.group else {})
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     return split_by_date(frame, config.split, data.date_column)
@@ -102,30 +103,32 @@ class Features:
 def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFrame) -> Features:
     """Batch the training rows and fit the design (per-group ranges, categorical levels)."""
     data = config.data
-    effects = build_effects(specs)
+    effects = build_effects(specs, config.seed)
     columns = needed_columns(effects)
     train = build_batch(train_frame, columns, data.target, data.group, DTYPES[config.dtype])
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
-    if smallest < design.width:
-        group = train.groups[int(train.counts.argmin())]
-        raise DataError("data.group", data.group, f"group {group!r} has {smallest} training rows, fewer than the "
-                        f"model's {design.width} coefficients", "train on a longer period, or use fewer/smaller effects")
+    if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)
+        log.warning("group %r has %d training rows for %d coefficients: the penalties decide the rest",
+                    train.groups[int(train.counts.argmin())], smallest, design.width)
     return Features(train, design)
 
 
-def problem_size(features: Features, n_predict_rows: int = 0) -> ProblemSize:
+def problem_size(features: Features, n_predict_rows: int = 0, config: Optional[Config] = None) -> ProblemSize:
     """The sizes the memory oracle plans with."""
     train, design = features.train, features.design
-    return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width,
-                       n_features=len(design.columns), itemsize=train.x.element_size(),
-                       peak_row_width=design.peak_row_width, n_predict_rows=n_predict_rows)
+    itemsize = train.x.element_size()
+    block = 0
+    if config is not None and config.solver.preconditioner.value == "block_jacobi":
+        block = design.dense_width if design.dense_width <= config.solver.block_max_dim else 0
+    return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width, itemsize=itemsize,
+                       row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_width=block)
 
 
 def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0) -> Plan:
     """The oracle's plan for this problem on this device under the configured limit."""
     oracle = MemoryOracle(config.memory, parse_size(config.memory.limit), on_gpu=devices.kind != "cpu")
-    return oracle.plan(problem_size(features, n_predict_rows), devices.memory().free, config.solver.name.value)
+    return oracle.plan(problem_size(features, n_predict_rows, config), devices.memory().free, config.solver.name.value)
 
 
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, oom_log: Optional[OomLog] = None,

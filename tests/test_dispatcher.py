@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tamrun.config.effects import CategoricalSpec, FourierSpec, LinearSpec, SplineSpec
-from tamrun.config.schema import OomConfig, SolverConfig
+from tamrun.config.schema import OomConfig, Preconditioner, SolverConfig
 from tamrun.data.batch import build_batch
 from tamrun.device import DeviceManager
 from tamrun.effects.categorical import CategoricalEffect
@@ -74,7 +74,8 @@ def test_chunked_and_per_group_loops_equal_the_batch(problem, groups, rows):
     batch, design = problem
     whole, _, _ = fit(batch, design, "direct", groups=len(batch.groups), rows=batch.x.shape[1])
     chunked, stats, _ = fit(batch, design, "direct", groups=groups, rows=rows)
-    assert max_rel(chunked, whole) <= 1e-10
+    # other row chunks sum Phi'Phi in another order: float64 rounding times the system's conditioning
+    assert max_rel(chunked, whole) <= 1e-8
     assert stats.group_chunk == groups
 
 
@@ -95,3 +96,35 @@ def test_predict_equals_design_times_coefficients(problem):
     phi = design.design(batch.x).numpy()
     expected = np.einsum("gnd,gd->gn", phi, coef) * batch.weight.numpy()
     np.testing.assert_allclose(predicted.numpy(), expected, rtol=1e-12, atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def forest_problem():
+    from tamrun.config.effects import CrossingSpec, ForestSpec
+    from tamrun.effects.registry import build_effects
+
+    frame = synthetic_frame(days=40, groups=3, seed=5)
+    frame["x2"] = np.cos(frame["x"]) + 0.1 * np.arange(len(frame)) / len(frame)
+    specs = {"lin": LinearSpec(column="x", ap=-4.0),
+             "forest": ForestSpec(column="x", others=["x2"], n_trees=6, max_depth=3, ap=-2.0),
+             "cross": CrossingSpec(left=FourierSpec(column="x2", m=2, s=2.0),
+                                   right=ForestSpec(column="x", n_trees=3, max_depth=2), ap=-2.0),
+             "dow": CategoricalSpec(column="dow", topo="nominal", ap=-3.0)}
+    effects = build_effects(specs, seed=7)
+    batch = build_batch(frame, ["x", "x2", "dow"], "y", "g", torch.float64)
+    design = AdditiveDesign(effects, ["x", "x2", "dow"], intercept=True, intercept_ap=-9.0).fit(batch)
+    return batch, design
+
+
+def test_forest_direct_matches_the_dense_reference_and_cg_matches_direct(forest_problem):
+    batch, design = forest_problem
+    assert design.indexed_effects and design.width == 1 + 1 + 7 + 6 * 8 + 3 * 4 * 4
+    direct, _, _ = fit(batch, design, "direct", groups=2, rows=100)
+    assert max_rel(direct, reference_coefficients(batch, design)) <= 1e-8
+    for preconditioner in ("jacobi", "block_jacobi", "none"):
+        plan = Plan(route="cg", reason="test", fit=ChunkPlan(2, 100, 0), predict=ChunkPlan(2, 100, 0),
+                    cache_design=True, budget=0, free=0, predicted_peak=0)
+        solver = SolverConfig(tol=1e-12, max_iter=20_000, preconditioner=Preconditioner(preconditioner))
+        coef, stats = Dispatcher(design, DeviceManager("cpu"), plan, solver, OomConfig(), OomLog()).fit(batch)
+        assert stats.cg_unconverged_groups == 0
+        assert max_rel(coef.numpy(), direct) <= 1e-6, preconditioner

@@ -42,7 +42,7 @@ def test_fourier_design_and_sobolev_penalty(cyclic):
 
 def test_categorical_nominal_one_hot_and_identity_penalty():
     effect = CategoricalEffect("c", CategoricalSpec(column="d", topo="nominal", ap=-1.0))
-    effect.fit(np.array([3.0, 1.0, 2.0, 1.0]))
+    effect.fit(np.array([[3.0], [1.0], [2.0], [1.0]]), None)
     x = torch.tensor([1.0, 3.0, 2.0, 7.0], dtype=torch.float64)  # 7 was never seen: zero row
     expected = np.array([[1, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0]], dtype=float)
     np.testing.assert_array_equal(effect.design(x).numpy(), expected)
@@ -54,7 +54,7 @@ def test_categorical_difference_and_cyclic_penalties():
     diff = CategoricalEffect("c", CategoricalSpec(column="d", topo="difference", ap=0.0))
     cyc = CategoricalEffect("c", CategoricalSpec(column="d", topo="cyclic", ap=0.0))
     for effect in (diff, cyc):
-        effect.fit(np.arange(4.0))
+        effect.fit(np.arange(4.0)[:, None], None)
     # sum_i (b_{i+1} - b_i)^2 (+ (b_0 - b_3)^2 for the cyclic one)
     path = np.array([[1, -1, 0, 0], [-1, 2, -1, 0], [0, -1, 2, -1], [0, 0, -1, 1]], dtype=float)
     ring = np.array([[2, -1, 0, -1], [-1, 2, -1, 0], [0, -1, 2, -1], [-1, 0, -1, 2]], dtype=float)
@@ -64,7 +64,7 @@ def test_categorical_difference_and_cyclic_penalties():
 
 def test_categorical_fourier_topology_by_hand():
     effect = CategoricalEffect("c", CategoricalSpec(column="d", topo="fourier", ap=-3.0))
-    effect.fit(np.arange(7.0))  # 7 levels -> m = 4, z_i = (i - 3) / 3
+    effect.fit(np.arange(7.0)[:, None], None)  # 7 levels -> m = 4, z_i = (i - 3) / 3
     levels = np.arange(7.0)
     z = (levels - 3.0) / 3.0
     expected = np.column_stack([np.cos(k * np.pi * z / 2) for k in range(1, 5)]

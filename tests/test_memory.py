@@ -7,7 +7,8 @@ import torch
 
 from tamrun.config.schema import MemoryConfig, OomConfig
 from tamrun.errors import ConfigError, MemoryBudgetError
-from tamrun.memory.footprint import ProblemSize, dense_system_bytes, row_bytes
+from tamrun.effects.design import RowBytes
+from tamrun.memory.footprint import ProblemSize, dense_system_bytes, direct_row_bytes
 from tamrun.memory.guard import OomLog, oom_settings, retry_on_oom
 from tamrun.memory.oracle import MemoryOracle, pick_chunk
 from tamrun.memory.units import parse_size
@@ -80,11 +81,12 @@ def test_pick_chunk_keeps_everything_when_it_fits_and_shrinks_otherwise():
 
 def test_route_rule_follows_the_waterfall_thresholds():
     oracle = MemoryOracle(MemoryConfig(max_dense_dim=100), limit=None, on_gpu=False)
-    small = ProblemSize(n_groups=4, n_rows=1000, width=50, n_features=3, itemsize=8)
-    wide = ProblemSize(n_groups=4, n_rows=1000, width=101, n_features=3, itemsize=8)
+    row = RowBytes(build=8 * 110, store=8 * 50, gram=0, apply=16)
+    small = ProblemSize(n_groups=4, n_rows=1000, width=50, itemsize=8, row=row)
+    wide = ProblemSize(n_groups=4, n_rows=1000, width=101, itemsize=8, row=row)
     assert oracle.route(small, free=10**9)[0] == "direct"
     assert oracle.route(wide, free=10**9)[0] == "cg"
-    needed = 1.1 * (dense_system_bytes(small) + row_bytes(small))
+    needed = 1.1 * (dense_system_bytes(small) + direct_row_bytes(small))
     assert oracle.route(small, free=int(needed / 0.9) - 10)[0] == "cg"  # dense footprint >= 90% of free
     assert oracle.route(small, free=10**9, requested="cg")[0] == "cg"
     capped = MemoryOracle(MemoryConfig(), limit=1000, on_gpu=False)
@@ -137,8 +139,8 @@ def test_tensor_meter_counts_new_storages_only():
 
 
 def small_problem() -> ProblemSize:
-    return ProblemSize(n_groups=48, n_rows=4000, width=60, n_features=8, itemsize=8, peak_row_width=150,
-                       n_predict_rows=400)
+    return ProblemSize(n_groups=48, n_rows=4000, width=60, itemsize=8, n_predict_rows=400,
+                       row=RowBytes(build=8 * 159, store=8 * 60, gram=0, apply=16))
 
 
 def test_minimal_limit_is_the_boundary_of_what_can_be_planned():

@@ -31,17 +31,17 @@ def test_a_tenth_of_the_working_peak_is_enough(compose_cfg, model):
 
 
 def fake_oom_above(monkeypatch, max_groups: int) -> list:
-    """Make AdditiveDesign.design raise a fake torch.OutOfMemoryError (on purpose, to exercise the
+    """Make AdditiveDesign.chunk raise a fake torch.OutOfMemoryError (on purpose, to exercise the
     retry path) whenever a chunk holds more than ``max_groups`` groups."""
-    real, sizes = AdditiveDesign.design, []
+    real, sizes = AdditiveDesign.chunk, []
 
-    def design(self, x, group_slice=slice(None)):
+    def chunk(self, x, group_slice=slice(None), weight=None):
         sizes.append(x.shape[0])
         if x.shape[0] > max_groups:
             raise torch.OutOfMemoryError("fake OOM raised by the test")
-        return real(self, x, group_slice)
+        return real(self, x, group_slice, weight)
 
-    monkeypatch.setattr(AdditiveDesign, "design", design)
+    monkeypatch.setattr(AdditiveDesign, "chunk", chunk)
     return sizes
 
 

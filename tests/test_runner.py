@@ -85,7 +85,8 @@ def test_a_failing_run_is_left_failed_with_the_error(compose_cfg, store_uri):
 def test_user_csv_with_direct_and_float32_cg(compose_cfg, store_uri, csv_path):
     direct = run(compose_cfg(*csv_overrides(csv_path), "solver=direct"))
     assert direct.route == "direct" and direct.metrics["rmse_test"] < 0.15  # noise sd 0.1
-    cg = run(compose_cfg(*csv_overrides(csv_path), "solver=cg", "dtype=float32"))
+    # Jacobi: block-Jacobi would invert this all-dense model's whole system (one iteration)
+    cg = run(compose_cfg(*csv_overrides(csv_path), "solver=cg", "dtype=float32", "solver.preconditioner=jacobi"))
     assert cg.route == "cg" and cg.coef.dtype.is_floating_point
     assert cg.metrics["rmse_test"] == pytest.approx(direct.metrics["rmse_test"], rel=1e-3)
     client = MlflowClient(tracking_uri=store_uri)

@@ -58,8 +58,9 @@ def test_cholesky_falls_back_to_lu_when_jitter_is_not_enough(caplog):
 def test_cg_matches_direct(jacobi):
     a, b = random_spd(5, 30, seed=4, cond_scale=30.0)
     at, bt = torch.tensor(a), torch.tensor(b)
-    inverse_diagonal = 1.0 / torch.diagonal(at, dim1=-2, dim2=-1) if jacobi else None
-    result = conjugate_gradient(lambda v: (at @ v.unsqueeze(-1)).squeeze(-1), bt, inverse_diagonal,
+    inverse_diagonal = 1.0 / torch.diagonal(at, dim1=-2, dim2=-1)
+    result = conjugate_gradient(lambda v: (at @ v.unsqueeze(-1)).squeeze(-1), bt,
+                                (lambda r: r * inverse_diagonal) if jacobi else None,
                                 tol=1e-13, max_iter=500)
     direct, _ = cholesky_solve(at, bt, jitter=0.0)
     assert bool(result.converged.all())

@@ -54,6 +54,8 @@ def check_config(cfg: Config) -> None:
     _require(sol.tol is None or (math.isfinite(sol.tol) and 0 < sol.tol < 1), "solver.tol", sol.tol,
              "the CG relative-residual tolerance must lie in (0, 1)", "set solver.tol=1e-6 (or null for the dtype's default)")
     _require(sol.max_iter >= 1, "solver.max_iter", sol.max_iter, "must be >= 1", "set solver.max_iter=2000")
+    _require(sol.block_max_dim >= 1, "solver.block_max_dim", sol.block_max_dim, "must be >= 1",
+             "set solver.block_max_dim=512")
     _require(sol.jitter >= 0, "solver.jitter", sol.jitter, "must be >= 0", "set solver.jitter=1e-6")
     _require(sol.jitter_growth > 1, "solver.jitter_growth", sol.jitter_growth, "must be > 1",
              "set solver.jitter_growth=10")

@@ -8,8 +8,8 @@ effect's full config path. Penalties are given as ``ap`` = log10(lambda), the pe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -79,11 +79,44 @@ class SplineSpec:
     ap: float = -5.0
 
 
+@dataclass
+class ForestSpec:
+    """Random binning: ``n_trees`` oblivious random trees of depth ``max_depth`` over ``column`` and
+    ``others`` (scaled to [-1, 1]); each level splits on a random feature at a random quantile of its
+    training values. Phi = one-hot of each tree's leaf / sqrt(T): T non-zeros among T 2^d columns,
+    kept as leaf indices, never dense. Penalty lambda I. ``seed`` None = the run's seed.
+    """
+
+    kind: str = "forest"
+    column: str = MISSING
+    others: List[str] = field(default_factory=list)
+    n_trees: int = 50
+    max_depth: int = 6
+    seed: Optional[int] = None
+    ap: float = -3.0
+
+
+@dataclass
+class CrossingSpec:
+    """Row-wise Kronecker product of two effects (``left`` x ``right``), e.g. forest x fourier.
+
+    Columns (a, b) -> a * D_right + b (a forest is always put first); penalty
+    lambda (P_left (x) I + I (x) P_right) with the sides' penalty structures (their own ap is ignored).
+    """
+
+    kind: str = "crossing"
+    left: Any = MISSING
+    right: Any = MISSING
+    ap: float = -3.0
+
+
 EFFECT_SPECS: Dict[str, type] = {
     "linear": LinearSpec,
     "fourier": FourierSpec,
     "categorical": CategoricalSpec,
     "spline": SplineSpec,
+    "forest": ForestSpec,
+    "crossing": CrossingSpec,
 }
 
 
@@ -110,6 +143,11 @@ def _check_ranges(spec: Any, path: str) -> None:
         _require(0 <= spec.p < spec.k + spec.deg, f"{path}.p", spec.p,
                  f"the difference order must be in [0, {spec.k + spec.deg - 1}] (basis width k+deg)",
                  "use p=2")
+    elif isinstance(spec, ForestSpec):
+        _require(1 <= spec.n_trees <= 100_000, f"{path}.n_trees", spec.n_trees,
+                 "the number of trees must be in [1, 100000]", "set n_trees to e.g. 50")
+        _require(1 <= spec.max_depth <= 20, f"{path}.max_depth", spec.max_depth,
+                 "the depth must be in [1, 20]", "set max_depth to e.g. 6")
     elif isinstance(spec, CategoricalSpec):
         _require(spec.topo in CATEGORICAL_TOPOLOGIES, f"{path}.topo", spec.topo, "unknown topology",
                  f"use one of {', '.join(CATEGORICAL_TOPOLOGIES)}")
@@ -141,6 +179,16 @@ def parse_effect(name: str, node: Any, path_prefix: str = "model.effects") -> An
         reason = str(exc.msg).splitlines()[0]
         raise ConfigError(f"{path}.{key}", value, f"not a valid field of a {kind} effect ({reason})",
                           f"a {kind} effect takes: {allowed}") from None
+    if isinstance(spec, CrossingSpec):
+        spec.left = parse_effect("left", spec.left, path)
+        spec.right = parse_effect("right", spec.right, path)
+        for side in ("left", "right"):
+            if isinstance(getattr(spec, side), CrossingSpec):
+                raise ConfigError(f"{path}.{side}.kind", "crossing", "a crossing of crossings is not supported",
+                                  "cross two plain effects (e.g. forest x fourier)")
+        if isinstance(spec.left, ForestSpec) and isinstance(spec.right, ForestSpec):
+            raise ConfigError(f"{path}.right.kind", "forest", "a crossing of two forests is not supported",
+                              "make one side a dense effect (fourier, spline, linear, categorical)")
     _check_ranges(spec, path)
     return spec
 
@@ -153,9 +201,21 @@ def parse_effects(effects: Any, path_prefix: str = "model.effects") -> Dict[str,
     return {str(name): parse_effect(str(name), node, path_prefix) for name, node in effects.items()}
 
 
+def spec_columns(spec: Any, path: str) -> Dict[str, str]:
+    """Config path -> column name for every column an effect reads (for data checks)."""
+    if isinstance(spec, CrossingSpec):
+        return {**spec_columns(spec.left, f"{path}.left"), **spec_columns(spec.right, f"{path}.right")}
+    out = {f"{path}.column": spec.column}
+    out.update({f"{path}.others[{i}]": column for i, column in enumerate(getattr(spec, "others", []) or [])})
+    return out
+
+
 def effect_columns(specs: Mapping[str, Any]) -> Dict[str, str]:
-    """Map each effect's config path of its column to the column name (for data checks)."""
-    return {f"model.effects.{name}.column": spec.column for name, spec in specs.items()}
+    """Config path -> column name for every column every effect reads."""
+    out: Dict[str, str] = {}
+    for name, spec in specs.items():
+        out.update(spec_columns(spec, f"model.effects.{name}"))
+    return out
 
 
 def spec_to_dict(spec: Any) -> Dict[str, Optional[Any]]:

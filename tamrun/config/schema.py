@@ -38,6 +38,7 @@ class SolverName(str, Enum):
 class Preconditioner(str, Enum):
     none = "none"
     jacobi = "jacobi"
+    block_jacobi = "block_jacobi"  # exact inverse of the dense effects' block, Jacobi elsewhere
 
 
 class DataSource(str, Enum):
@@ -148,7 +149,9 @@ class SolverConfig:
     # (tamrun.solve.cg.DEFAULT_TOL: 1e-6 in float64, 1e-4 in float32).
     tol: Optional[float] = None
     max_iter: int = 2000
-    preconditioner: Preconditioner = Preconditioner.jacobi
+    preconditioner: Preconditioner = Preconditioner.block_jacobi
+    # block_jacobi inverts the dense columns' block when it has at most this many columns (else Jacobi).
+    block_max_dim: int = 512
     # Jitter added to the normalised system: (Phi'Phi/n + P + jitter I) beta = Phi'y/n.
     jitter: float = 1e-6
     # Cholesky retries multiply the jitter by jitter_growth, at most jitter_max_tries times.

@@ -26,8 +26,8 @@ class CategoricalEffect(Effect):
         self.topo, self.s = spec.topo, spec.s
         self.levels: torch.Tensor = torch.zeros(0, dtype=torch.float64)
 
-    def fit(self, train_values: np.ndarray) -> None:
-        self.levels = torch.as_tensor(np.unique(train_values), dtype=torch.float64)
+    def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
+        self.levels = torch.as_tensor(np.unique(raw[:, 0]), dtype=torch.float64)
 
     @property
     def n_levels(self) -> int:
@@ -64,15 +64,15 @@ class CategoricalEffect(Effect):
             block = torch.nn.functional.one_hot(idx.clamp(min=0), self.n_levels).to(x.dtype)
         return block * (idx >= 0).unsqueeze(-1).to(x.dtype)  # unseen value (or padding): no contribution
 
-    def penalty(self) -> torch.Tensor:
+    def structure(self) -> torch.Tensor:
         n = self.n_levels
         if self.topo == "fourier":
-            return torch.diag(self.lam * sobolev_weights(self.m, self.s))
+            return sobolev_weights(self.m, self.s)
         if self.topo == "nominal" or n < 2:
-            return self.lam * torch.eye(n, dtype=torch.float64)
+            return torch.ones(n, dtype=torch.float64)
         diff = torch.diff(torch.eye(n, dtype=torch.float64), dim=0)
         if self.topo == "cyclic" and n > 2:
             wrap = torch.zeros(1, n, dtype=torch.float64)
             wrap[0, 0], wrap[0, -1] = 1.0, -1.0
             diff = torch.cat([diff, wrap])
-        return self.lam * diff.T @ diff
+        return diff.T @ diff

@@ -43,5 +43,5 @@ class FourierEffect(Effect):
     def design(self, x: torch.Tensor) -> torch.Tensor:
         return fourier_features(x, self.m, self.period_factor)
 
-    def penalty(self) -> torch.Tensor:
-        return torch.diag(self.lam * sobolev_weights(self.m, self.s))
+    def structure(self) -> torch.Tensor:
+        return sobolev_weights(self.m, self.s)

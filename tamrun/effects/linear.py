@@ -20,5 +20,5 @@ class LinearEffect(Effect):
     def design(self, x: torch.Tensor) -> torch.Tensor:
         return (self.scale * x).unsqueeze(-1)
 
-    def penalty(self) -> torch.Tensor:
-        return torch.full((1, 1), self.lam, dtype=torch.float64)
+    def structure(self) -> torch.Tensor:
+        return torch.ones(1, dtype=torch.float64)

@@ -112,5 +112,5 @@ class SplineEffect(Effect):
     def design(self, x: torch.Tensor) -> torch.Tensor:
         return bspline_design(x, self.k, self.deg)
 
-    def penalty(self) -> torch.Tensor:
-        return self.lam * difference_penalty(self.width, self.p)
+    def structure(self) -> torch.Tensor:
+        return difference_penalty(self.width, self.p)

@@ -1,24 +1,27 @@
 """Byte footprints of every planned allocation, written as coefficients of the problem's sizes.
 
 Symbols: g groups in a chunk, r rows in a chunk, N rows per group (padded), D design width,
-F raw feature columns, B the columns held at the peak of building Phi (`AdditiveDesign.peak_row_width`:
-the blocks, their concatenation, or the temporaries of the block being built, at least 2D),
-s bytes per element (8 float64, 4 float32). Per group:
+s bytes per element (8 float64, 4 float32), and the design's per-row bytes (`RowBytes`, from
+`AdditiveDesign.row_bytes`): build (scaled features, the dense blocks at their peak, leaf indices and
+their temporaries), store (what a cached row keeps), gram (the direct route's scatter temporaries
+for indexed blocks), apply (one product Phi v or Phi' u). Per group:
 
-    design row     (F + B + 1) s       scaled features, the blocks at their peak, W y
-    dense system   (2 D^2 + 4 D) s     Gram + rhs (held over the row chunks), Cholesky factor, solution
-    cg system      (8 D) s             rhs, x, r, z, p, Ap, Jacobi diagonal, a spare
-    cg cache       N D s               W Phi kept between CG iterations (when the plan allows); the
-                                       chunk being built is part of it, so its row costs (F + B + 1 - D) s
-    predict row    (F + B + 2) s       as a design row, plus the prediction
-    predict fixed  (N_pred + D) s      the predictions of the group and its coefficients
+    direct          fixed (2 D^2 + 4 D) s            Gram + rhs, Cholesky factor, solution
+                    per row build + gram
+    cg, cached      fixed (8 D + 2 B^2) s + N store  CG vectors, block-Jacobi block (B = Dd <= 512, else 0);
+                                                     W Phi kept between iterations
+                    per row max(build - store, apply) the chunk being built becomes part of the cache
+    cg, rebuilt     fixed (8 D + 2 B^2) s, per row build + apply
+    predict         fixed D s, per row build + apply + s; plus the (G, N) predictions
 
-A step's footprint is g * (fixed + r * row), times the overhead factor (default 1.1).
+A step's footprint is g * (fixed + r * per row), times the overhead factor (default 1.1).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tamrun.effects.design import RowBytes
 
 
 @dataclass(frozen=True)
@@ -28,15 +31,10 @@ class ProblemSize:
     n_groups: int
     n_rows: int
     width: int
-    n_features: int
     itemsize: int
-    peak_row_width: int = 0  # B; 0 means 2 D
+    row: RowBytes = field(default_factory=lambda: RowBytes(0, 0, 0, 0))
     n_predict_rows: int = 0
-
-
-def row_bytes(p: ProblemSize) -> int:
-    """Bytes per row of a design chunk, per group."""
-    return (p.n_features + (p.peak_row_width or 2 * p.width) + 1) * p.itemsize
+    preconditioner_width: int = 0  # columns of the block the CG preconditioner inverts (Dd or 0)
 
 
 def dense_system_bytes(p: ProblemSize) -> int:
@@ -44,24 +42,35 @@ def dense_system_bytes(p: ProblemSize) -> int:
     return (2 * p.width * p.width + 4 * p.width) * p.itemsize
 
 
+def direct_row_bytes(p: ProblemSize) -> int:
+    """Bytes per row of a direct-route chunk, per group."""
+    return p.row.build + p.row.gram
+
+
 def cg_system_bytes(p: ProblemSize) -> int:
-    """Bytes of one group's CG state."""
-    return 8 * p.width * p.itemsize
+    """Bytes of one group's CG state: rhs, x, r, z, p, Ap, the Jacobi diagonal, a spare, and the
+    block-Jacobi block with its Cholesky factor."""
+    return (8 * p.width + 2 * p.preconditioner_width ** 2) * p.itemsize
 
 
 def cg_cache_bytes(p: ProblemSize) -> int:
     """Bytes of one group's whole weighted design, kept across CG iterations when it fits."""
-    return p.n_rows * p.width * p.itemsize
+    return p.n_rows * p.row.store
+
+
+def cg_row_bytes(p: ProblemSize, cached: bool) -> int:
+    """Bytes per row of a CG chunk, per group."""
+    return max(p.row.build - p.row.store, p.row.apply) if cached else p.row.build + p.row.apply
 
 
 def predict_row_bytes(p: ProblemSize) -> int:
     """Bytes per predicted row, per group."""
-    return row_bytes(p) + p.itemsize
+    return p.row.build + p.row.apply + p.itemsize
 
 
-def predict_fixed_bytes(p: ProblemSize) -> int:
-    """Bytes held per group for the whole prediction: its predictions and coefficients."""
-    return (max(p.n_predict_rows, p.n_rows) + p.width) * p.itemsize
+def predict_output_bytes(p: ProblemSize) -> int:
+    """Bytes of the (G, N) predictions."""
+    return max(p.n_predict_rows, p.n_rows) * p.itemsize * p.n_groups
 
 
 def step_bytes(groups: int, rows: int, fixed: int, per_row: int, overhead: float) -> int:

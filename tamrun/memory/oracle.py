@@ -14,8 +14,8 @@ from typing import Optional, Tuple
 
 from tamrun.config.schema import MemoryConfig
 from tamrun.errors import MemoryBudgetError
-from tamrun.memory.footprint import (ProblemSize, cg_cache_bytes, cg_system_bytes, dense_system_bytes,
-                                     predict_fixed_bytes, predict_row_bytes, row_bytes, step_bytes)
+from tamrun.memory.footprint import (ProblemSize, cg_cache_bytes, cg_row_bytes, cg_system_bytes, dense_system_bytes,
+                                     direct_row_bytes, predict_output_bytes, predict_row_bytes, step_bytes)
 from tamrun.memory.units import format_size
 
 log = logging.getLogger(__name__)
@@ -136,21 +136,19 @@ class MemoryOracle:
 
     def dense_bytes(self, size: ProblemSize) -> int:
         """One group's dense system plus a one-row chunk, with the overhead."""
-        return step_bytes(1, 1, dense_system_bytes(size), row_bytes(size), self.cfg.overhead_factor)
+        return step_bytes(1, 1, dense_system_bytes(size), direct_row_bytes(size), self.cfg.overhead_factor)
 
     def costs(self, size: ProblemSize, route: str, cache: bool) -> Tuple[StepCost, StepCost]:
         """(fit, predict) per-group costs of a route."""
         if route == "direct":
-            fit = StepCost(dense_system_bytes(size), row_bytes(size))
-        elif cache:  # the chunk being built becomes part of the cache: its Phi is not counted twice
-            fit = StepCost(cg_system_bytes(size) + cg_cache_bytes(size), row_bytes(size) - size.width * size.itemsize)
+            fit = StepCost(dense_system_bytes(size), direct_row_bytes(size))
         else:
-            fit = StepCost(cg_system_bytes(size), row_bytes(size))
+            fit = StepCost(cg_system_bytes(size) + (cg_cache_bytes(size) if cache else 0), cg_row_bytes(size, cache))
         return fit, StepCost(size.width * size.itemsize, predict_row_bytes(size))
 
     def predict_output_bytes(self, size: ProblemSize) -> int:
         """The (G, N) predictions, with the overhead."""
-        return int(self.cfg.overhead_factor * predict_fixed_bytes(size) * size.n_groups)
+        return int(self.cfg.overhead_factor * predict_output_bytes(size))
 
     def minimal_limit(self, size: ProblemSize) -> int:
         """The smallest memory.limit with which some route can plan one group, one row per chunk."""

@@ -28,13 +28,13 @@ class CGResult:
 
 
 def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor,
-                       inverse_diagonal: Optional[torch.Tensor], tol: float, max_iter: int,
+                       precondition: Optional[Callable[[torch.Tensor], torch.Tensor]], tol: float, max_iter: int,
                        x0: Optional[torch.Tensor] = None) -> CGResult:
-    """Preconditioned CG (Jacobi when ``inverse_diagonal`` (G, D) is given, plain CG otherwise).
+    """Preconditioned CG: ``precondition`` applies M^-1 to residuals (G, D) (None: plain CG).
 
     Logs a warning naming ``solver.max_iter`` / ``solver.tol`` if some group has not converged.
     """
-    precondition = (lambda r: r * inverse_diagonal) if inverse_diagonal is not None else (lambda r: r)
+    precondition = precondition or (lambda r: r)
     x = torch.zeros_like(b) if x0 is None else x0.clone()
     r = b - matvec(x) if x0 is not None else b.clone()
     b_norm = torch.linalg.vector_norm(b, dim=-1).clamp_min(torch.finfo(b.dtype).tiny)

@@ -20,6 +20,7 @@ import torch
 from tamrun.config.schema import OomConfig, SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.device import DeviceManager
+from tamrun.effects.chunk import BlockPenalty, DesignChunk
 from tamrun.effects.design import AdditiveDesign
 from tamrun.memory.guard import OomLog, retry_on_oom
 from tamrun.memory.oracle import Plan
@@ -101,7 +102,7 @@ class Dispatcher:
         """Coefficients (G, D) in the batch's dtype, on the CPU, and the fit statistics."""
         stats = FitStats(route=self.plan.route, group_chunk=self.plan.fit.groups, row_chunk=self.plan.fit.rows)
         coef = torch.empty(len(batch.groups), self.design.width, dtype=batch.x.dtype)
-        penalty = self.design.penalty().to(device=self.devices.device, dtype=batch.x.dtype)
+        penalty = self.design.penalty_operator().to(self.devices.device, batch.x.dtype)
         solve = self._fit_direct if self.plan.route == "direct" else self._fit_cg
 
         def step(start: int, size: int) -> None:
@@ -112,28 +113,33 @@ class Dispatcher:
                                           f"fit/{self.plan.route}", self.plan.fit_cost)
         return coef, stats
 
-    def _weighted_design(self, batch: GroupedBatch, groups: slice, rows: slice) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(W Phi, W y) of a chunk: padded rows zeroed in place (no second copy of Phi)."""
+    def _chunk(self, batch: GroupedBatch, groups: slice, rows: slice, weighted: bool = True):
+        """(design chunk, W y) of a slice: padded rows have weight 0."""
         device = self.devices.device
         x, y, w = (batch.x[groups, rows].to(device), batch.y[groups, rows].to(device),
                    batch.weight[groups, rows].to(device))
-        return self.design.design(x, groups).mul_(w.unsqueeze(-1)), y * w
+        return self.design.chunk(x, groups, w if weighted else None), y * w
 
     def _system_scale(self, batch: GroupedBatch, groups: slice) -> torch.Tensor:
         return batch.counts[groups].to(self.devices.device).clamp_min(1.0)
 
-    def _fit_direct(self, batch: GroupedBatch, groups: slice, penalty: torch.Tensor, stats: FitStats) -> torch.Tensor:
+    def _fit_direct(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty, stats: FitStats) -> torch.Tensor:
         g, dim = groups.stop - groups.start, self.design.width
         dtype, device = batch.x.dtype, self.devices.device
         gram = torch.zeros(g, dim, dim, dtype=dtype, device=device)
         rhs = torch.zeros(g, dim, dtype=dtype, device=device)
         for r0, r1 in _spans(batch.x.shape[1], self.plan.fit.rows):
-            phi, y = self._weighted_design(batch, groups, slice(r0, r1))
-            gram.baddbmm_(phi.mT, phi)  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
-            rhs.unsqueeze(-1).baddbmm_(phi.mT, y.unsqueeze(-1))
-            del phi, y
+            chunk, y = self._chunk(batch, groups, slice(r0, r1))
+            if chunk.indexed:
+                gram += chunk.gram()
+            else:  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
+                gram.baddbmm_(chunk.dense.mT, chunk.dense)
+            rhs += chunk.rmatvec(y)
+            del chunk, y
         n = self._system_scale(batch, groups)
-        gram.div_(n.view(-1, 1, 1)).add_(penalty).diagonal(dim1=-2, dim2=-1).add_(self.solver.jitter)
+        gram.div_(n.view(-1, 1, 1))
+        penalty.add_to(gram)
+        gram.diagonal(dim1=-2, dim2=-1).add_(self.solver.jitter)
         rhs.div_(n.view(-1, 1))
         coef, direct = cholesky_solve(gram, rhs, self.solver.jitter, self.solver.jitter_growth,
                                       self.solver.jitter_max_tries)
@@ -141,45 +147,72 @@ class Dispatcher:
         stats.lu_fallback_groups += direct.lu_fallback_groups
         return coef
 
-    def _fit_cg(self, batch: GroupedBatch, groups: slice, penalty: torch.Tensor, stats: FitStats) -> torch.Tensor:
-        spans = list(_spans(batch.x.shape[1], self.plan.fit.rows))
+    def _fit_cg(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty, stats: FitStats) -> torch.Tensor:
+        spans = [slice(r0, r1) for r0, r1 in _spans(batch.x.shape[1], self.plan.fit.rows)]
         n = self._system_scale(batch, groups).view(-1, 1)
-        cached: Optional[List[torch.Tensor]] = None
+        cached: Optional[List[DesignChunk]] = None
         if self.plan.cache_design:
-            cached = [self._weighted_design(batch, groups, slice(r0, r1))[0] for r0, r1 in spans]
+            cached = [self._chunk(batch, groups, rows)[0] for rows in spans]
 
-        def weighted_blocks() -> Iterator[torch.Tensor]:
+        def chunks() -> Iterator[DesignChunk]:
             if cached is not None:
                 yield from cached
             else:
-                for r0, r1 in spans:
-                    yield self._weighted_design(batch, groups, slice(r0, r1))[0]
+                for rows in spans:
+                    yield self._chunk(batch, groups, rows)[0]
 
-        g = groups.stop - groups.start
+        g, dd = groups.stop - groups.start, self.design.dense_width
         rhs = torch.zeros(g, self.design.width, dtype=batch.x.dtype, device=self.devices.device)
         diag = torch.zeros_like(rhs)
-        for (r0, r1), phi_w in zip(spans, weighted_blocks()):  # rhs and Jacobi diagonal in one pass
-            y = batch.y[groups, r0:r1].to(self.devices.device)
-            rhs += torch.einsum("gnd,gn->gd", phi_w, y)
-            diag += (phi_w * phi_w).sum(dim=1)
+        dd = dd if dd <= self.solver.block_max_dim else 0  # block_jacobi only for a small dense block
+        dense_gram = torch.zeros(g, dd, dd, dtype=rhs.dtype, device=rhs.device)
+        for rows, chunk in zip(spans, chunks()):  # rhs, Jacobi diagonal and the dense block in one pass
+            y = (batch.y[groups, rows] * batch.weight[groups, rows]).to(self.devices.device)
+            rhs += chunk.rmatvec(y)
+            diag += chunk.squared_column_sums()
+            if dd:
+                dense_gram.baddbmm_(chunk.dense.mT, chunk.dense)
         rhs /= n
         diag = diag / n + penalty.diagonal() + self.solver.jitter
+        dense_block = dense_gram / n.unsqueeze(-1) + penalty.leading(dd)
+        dense_block.diagonal(dim1=-2, dim2=-1).add_(self.solver.jitter)
 
         def matvec(v: torch.Tensor) -> torch.Tensor:
             acc = torch.zeros_like(v)
-            for phi_w in weighted_blocks():
-                acc += torch.einsum("gnd,gn->gd", phi_w, torch.einsum("gnd,gd->gn", phi_w, v))
-            return acc / n + v @ penalty + self.solver.jitter * v
+            for chunk in chunks():
+                acc += chunk.rmatvec(chunk.matvec(v))
+            return acc / n + penalty.matvec(v) + self.solver.jitter * v
 
-        inverse_diagonal = 1.0 / diag if self.solver.preconditioner.value == "jacobi" else None
         tol = self.solver.tol if self.solver.tol is not None else DEFAULT_TOL[rhs.dtype]
-        result = conjugate_gradient(matvec, rhs, inverse_diagonal, tol, self.solver.max_iter)
+        result = conjugate_gradient(matvec, rhs, self._preconditioner(diag, dense_block), tol, self.solver.max_iter)
         stats.cg_iterations = max(stats.cg_iterations, int(result.iterations.max()))
         stats.cg_unconverged_groups += int((~result.converged).sum())
         stats.cg_final_residual = max(stats.cg_final_residual, float(result.relative_residual.max()))
         if not stats.cg_history:
             stats.cg_history = result.history
         return result.x
+
+    def _preconditioner(self, diag: torch.Tensor, dense_block: torch.Tensor):
+        """M^-1 per solver.preconditioner: none; jacobi (1 / diag A); block_jacobi (the dense
+        effects' block of A inverted exactly by Cholesky, Jacobi on the indexed columns)."""
+        kind = self.solver.preconditioner.value
+        if kind == "none":
+            return None
+        inverse_diagonal = 1.0 / diag
+        if kind == "jacobi" or not 0 < dense_block.shape[-1] <= self.solver.block_max_dim:
+            return lambda r: r * inverse_diagonal
+        factor, info = torch.linalg.cholesky_ex(dense_block)
+        if bool((info > 0).any()):
+            log.warning("the dense block is not positive definite: Jacobi instead of solver.preconditioner=block_jacobi")
+            return lambda r: r * inverse_diagonal
+        dd = dense_block.shape[-1]
+
+        def apply(r: torch.Tensor) -> torch.Tensor:
+            out = r * inverse_diagonal
+            out[:, :dd] = torch.cholesky_solve(r[:, :dd].unsqueeze(-1), factor).squeeze(-1)
+            return out
+
+        return apply
 
     # ---- predict ---------------------------------------------------------------------------------
     def predict(self, batch: GroupedBatch, coef: torch.Tensor) -> torch.Tensor:
@@ -192,9 +225,9 @@ class Dispatcher:
         def step(start: int, size: int) -> None:
             groups = slice(start, start + size)
             for r0, r1 in _spans(n_rows, rows):
-                phi = self.design.design(batch.x[groups, r0:r1].to(self.devices.device), groups)
-                out[groups, r0:r1] = torch.einsum("gnd,gd->gn", phi, coef_dev[groups]).cpu()
-                del phi
+                chunk = self.design.chunk(batch.x[groups, r0:r1].to(self.devices.device), groups)
+                out[groups, r0:r1] = chunk.matvec(coef_dev[groups]).cpu()
+                del chunk
 
         self._guarded(step, n_groups, self.plan.predict.groups, rows, "predict", self.plan.predict_cost)
         return out.mul_(batch.weight)

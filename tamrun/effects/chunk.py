@@ -1,0 +1,128 @@
+"""A row chunk of the design, Phi = [Dense | Indexed_1 | ...], and the block-diagonal penalty.
+
+The dense columns (intercept and dense effects) come first, then each indexed effect's columns.
+All products carry a leading group dimension g; weights (0 for padding) are already applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import torch
+
+from tamrun.effects.indexed import IndexedBlock
+
+
+@dataclass
+class DesignChunk:
+    dense: torch.Tensor  # (g, n, Dd)
+    indexed: List[Tuple[int, IndexedBlock]]  # (first column, block)
+    width: int
+
+    def matvec(self, v: torch.Tensor) -> torch.Tensor:
+        """Phi v: (g, D) -> (g, n)."""
+        dd = self.dense.shape[-1]
+        out = torch.einsum("gnd,gd->gn", self.dense, v[:, :dd])
+        for start, block in self.indexed:
+            out += block.matvec(v[:, start:start + block.width])
+        return out
+
+    def rmatvec(self, u: torch.Tensor) -> torch.Tensor:
+        """Phi' u: (g, n) -> (g, D)."""
+        parts = [torch.einsum("gnd,gn->gd", self.dense, u)]
+        parts += [block.rmatvec(u) for _, block in self.indexed]
+        return torch.cat(parts, dim=-1)
+
+    def squared_column_sums(self) -> torch.Tensor:
+        """diag(Phi' Phi): (g, D)."""
+        parts = [(self.dense * self.dense).sum(dim=1)]
+        parts += [block.squared_column_sums() for _, block in self.indexed]
+        return torch.cat(parts, dim=-1)
+
+    def gram(self) -> torch.Tensor:
+        """Phi' Phi: (g, D, D), indexed blocks by scatters (never one-hot)."""
+        g, dd = self.dense.shape[0], self.dense.shape[-1]
+        out = torch.zeros(g, self.width, self.width, dtype=self.dense.dtype, device=self.dense.device)
+        out[:, :dd, :dd] = self.dense.mT @ self.dense
+        for i, (start, block) in enumerate(self.indexed):
+            rows = slice(start, start + block.width)
+            cross = block.cross_dense(self.dense)  # (g, Wi, Dd)
+            out[:, rows, :dd] = cross
+            out[:, :dd, rows] = cross.mT
+            for other_start, other in self.indexed[i:]:
+                cols = slice(other_start, other_start + other.width)
+                product = block.cross_indexed(other)
+                out[:, rows, cols] = product
+                if other_start != start:
+                    out[:, cols, rows] = product.mT
+        return out
+
+    def to_dense(self) -> torch.Tensor:
+        """The chunk as one dense (g, n, D) tensor (tests and tiny problems only)."""
+        return torch.cat([self.dense] + [b.to_dense().to(self.dense.dtype) for _, b in self.indexed], dim=-1)
+
+
+@dataclass
+class PenaltyBlock:
+    """Columns [start, start + width) carry lambda * matrix (dense) or lambda * kron(I_R, matrix) (grid)."""
+
+    start: int
+    width: int
+    matrix: torch.Tensor  # (width, width) for dense; (Q, Q) for grid
+    grid: bool = False
+
+
+@dataclass
+class BlockPenalty:
+    """P = blockdiag of the effects' lambda P_j, applied without forming a D x D matrix."""
+
+    blocks: List[PenaltyBlock]
+    width: int
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> "BlockPenalty":
+        return BlockPenalty([PenaltyBlock(b.start, b.width, b.matrix.to(device=device, dtype=dtype), b.grid)
+                             for b in self.blocks], self.width)
+
+    def matvec(self, v: torch.Tensor) -> torch.Tensor:
+        """P v for v (g, D)."""
+        out = torch.empty_like(v)
+        for b in self.blocks:
+            part = v[:, b.start:b.start + b.width]
+            if b.grid:
+                q = b.matrix.shape[0]
+                out[:, b.start:b.start + b.width] = (part.reshape(v.shape[0], -1, q) @ b.matrix).reshape(part.shape)
+            else:
+                out[:, b.start:b.start + b.width] = part @ b.matrix
+        return out
+
+    def diagonal(self) -> torch.Tensor:
+        """diag(P): (D,)."""
+        parts = [b.matrix.diagonal().repeat(b.width // b.matrix.shape[0]) if b.grid else b.matrix.diagonal()
+                 for b in self.blocks]
+        return torch.cat(parts)
+
+    def add_to(self, gram: torch.Tensor) -> None:
+        """gram (g, D, D) += P, block by block."""
+        for b in self.blocks:
+            block = gram[:, b.start:b.start + b.width, b.start:b.start + b.width]
+            if not b.grid:
+                block += b.matrix
+            elif b.matrix.shape[0] == 1:
+                block.diagonal(dim1=-2, dim2=-1).add_(b.matrix[0, 0])
+            else:
+                q = b.matrix.shape[0]
+                for r in range(b.width // q):
+                    block[:, r * q:(r + 1) * q, r * q:(r + 1) * q] += b.matrix
+
+    def leading(self, width: int) -> torch.Tensor:
+        """The (width, width) leading block of P (the blocks that lie inside it), as a matrix."""
+        out = torch.zeros(1, width, width, dtype=self.blocks[0].matrix.dtype, device=self.blocks[0].matrix.device)
+        BlockPenalty([b for b in self.blocks if b.start + b.width <= width], width).add_to(out)
+        return out[0]
+
+    def dense(self) -> torch.Tensor:
+        """P as a (D, D) matrix (small problems and tests)."""
+        out = torch.zeros(1, self.width, self.width, dtype=self.blocks[0].matrix.dtype if self.blocks else torch.float64)
+        self.add_to(out)
+        return out[0]

@@ -1,0 +1,87 @@
+"""Crossing: the row-wise Kronecker product of two effects, phi(x) = phi_a(x_a) (x) phi_b(x_b).
+
+Columns (a, b) -> a D_b + b; penalty lambda (P_a (x) I + I (x) P_b) with the sides' structures.
+A forest side is always put first: forest x dense is an `IndexedBlock` with T D_b non-zeros per row
+(the dense side's columns as weights) and penalty kron(I_R, M), M = I + P_b.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import torch
+
+from tamrun.config.effects import CrossingSpec
+from tamrun.effects.base import Effect
+from tamrun.effects.indexed import IndexedBlock
+
+
+def as_matrix(structure: torch.Tensor) -> torch.Tensor:
+    return torch.diag(structure) if structure.dim() == 1 else structure
+
+
+class CrossingEffect(Effect):
+    def __init__(self, name: str, spec: CrossingSpec, left: Effect, right: Effect) -> None:
+        if right.indexed:  # the forest goes first
+            left, right = right, left
+        super().__init__(name, left.column, spec.ap)
+        self.left, self.right = left, right
+        self.indexed = left.indexed
+
+    @property
+    def columns(self) -> List[str]:
+        return self.left.columns + self.right.columns
+
+    @property
+    def width(self) -> int:
+        return self.left.width * self.right.width
+
+    @property
+    def slots(self) -> int:
+        return getattr(self.left, "slots", 0)
+
+    @property
+    def grid_q(self) -> int:
+        """Columns per grid row of an indexed crossing: the dense side's width."""
+        return self.right.width
+
+    @property
+    def work_width(self) -> int:
+        return self.left.work_width + self.right.width + self.right.work_width + self.width * (not self.indexed)
+
+    def _split(self, values):
+        cut = len(self.left.columns)
+        return values[..., :cut], values[..., cut:]
+
+    def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
+        (raw_a, raw_b), (scaled_a, scaled_b) = self._split(raw), self._split(scaled)
+        self.left.fit(raw_a, scaled_a)
+        self.right.fit(raw_b, scaled_b)
+
+    def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor) -> IndexedBlock:
+        (raw_a, raw_b), (scaled_a, scaled_b) = self._split(raw), self._split(scaled)
+        forest = self.left.indexed_block(raw_a, scaled_a)
+        return IndexedBlock(forest.index, forest.n_rows_grid, forest.scale, factor=self.right.block(raw_b, scaled_b))
+
+    def block(self, raw: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+        if self.indexed:
+            return self.indexed_block(raw, scaled).to_dense().to(scaled.dtype)
+        (raw_a, raw_b), (scaled_a, scaled_b) = self._split(raw), self._split(scaled)
+        a, b = self.left.block(raw_a, scaled_a), self.right.block(raw_b, scaled_b)
+        return (a.unsqueeze(-1) * b.unsqueeze(-2)).reshape(a.shape[:-1] + (self.width,))
+
+    def design(self, x: torch.Tensor) -> torch.Tensor:
+        raise TypeError("a crossing reads several columns: use block(raw, scaled)")
+
+    def structure(self) -> torch.Tensor:
+        sa, sb = self.left.structure(), self.right.structure()
+        if sa.dim() == 1 and sb.dim() == 1:
+            return (sa.unsqueeze(1) + sb.unsqueeze(0)).reshape(-1)
+        ia = torch.eye(self.left.width, dtype=torch.float64)
+        ib = torch.eye(self.right.width, dtype=torch.float64)
+        return torch.kron(as_matrix(sa), ib) + torch.kron(ia, as_matrix(sb))
+
+    def grid_penalty(self) -> torch.Tensor:
+        """M with P = kron(I_R, M) (forest crossings, whose forest structure is I): I + P_b."""
+        return torch.eye(self.right.width, dtype=torch.float64) + as_matrix(self.right.structure())

@@ -1,0 +1,94 @@
+"""Random-binning forest: T oblivious random trees of depth d over one or more scaled features.
+
+Tree t splits at level l on feature f_{t,l} (uniform among the effect's columns) at threshold
+c_{t,l} = the u_{t,l}-quantile of that feature's scaled training values (u uniform in (0, 1)).
+A row's leaf in tree t is sum_l 2^l 1[z_{f_{t,l}} > c_{t,l}] (L = 2^d leaves); its column is
+t L + leaf. Phi = one-hot of the T leaves / sqrt(T): T non-zeros among T L columns, kept as an
+`IndexedBlock` of leaf indices. Penalty lambda I. Deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List
+
+import numpy as np
+import torch
+
+from tamrun.config.effects import ForestSpec
+from tamrun.effects.base import Effect
+from tamrun.effects.indexed import IndexedBlock
+
+
+class ForestEffect(Effect):
+    indexed = True
+
+    def __init__(self, name: str, spec: ForestSpec, seed: int) -> None:
+        super().__init__(name, spec.column, spec.ap)
+        self.others = list(spec.others or [])
+        self.n_trees, self.depth = spec.n_trees, spec.max_depth
+        generator = torch.Generator().manual_seed(int(spec.seed if spec.seed is not None else seed))
+        self.features = torch.randint(len(self.columns), (self.n_trees, self.depth), generator=generator)
+        self.quantile_levels = torch.rand(self.n_trees, self.depth, generator=generator, dtype=torch.float64)
+        self.thresholds = torch.zeros(self.n_trees, self.depth, dtype=torch.float64)
+
+    @property
+    def columns(self) -> List[str]:
+        return [self.column] + self.others
+
+    @property
+    def leaves(self) -> int:
+        return 2 ** self.depth
+
+    @property
+    def width(self) -> int:
+        return self.n_trees * self.leaves
+
+    @property
+    def slots(self) -> int:
+        """Non-zeros per row (T)."""
+        return self.n_trees
+
+    @property
+    def grid_q(self) -> int:
+        """Columns per grid row (Q = 1: one column per leaf)."""
+        return 1
+
+    @property
+    def work_width(self) -> int:
+        return 2 * self.n_trees * self.depth + 3 * self.n_trees
+
+    def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
+        """Thresholds at the drawn quantiles of each chosen feature's scaled training values."""
+        thresholds = np.empty((self.n_trees, self.depth))
+        features, levels = self.features.numpy(), self.quantile_levels.numpy()
+        for f in range(len(self.columns)):
+            chosen = features == f
+            if chosen.any():
+                thresholds[chosen] = np.quantile(scaled[:, f], levels[chosen])
+        self.thresholds = torch.as_tensor(thresholds)
+
+    def leaf_index(self, scaled: torch.Tensor) -> torch.Tensor:
+        """scaled (..., n, C) -> (..., n, T) column index t L + leaf (int64)."""
+        thresholds = self.thresholds.to(device=scaled.device, dtype=scaled.dtype)
+        chosen = scaled[..., self.features.to(scaled.device)]  # (..., n, T, d)
+        powers = (2 ** torch.arange(self.depth, device=scaled.device)).to(torch.int64)
+        leaf = ((chosen > thresholds).to(torch.int64) * powers).sum(dim=-1)
+        return leaf + torch.arange(self.n_trees, device=scaled.device) * self.leaves
+
+    def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor) -> IndexedBlock:
+        return IndexedBlock(self.leaf_index(scaled), self.width, 1.0 / math.sqrt(self.n_trees))
+
+    def block(self, raw: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+        block = self.indexed_block(raw, scaled)
+        return block.to_dense().to(scaled.dtype)
+
+    def design(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x.unsqueeze(-1), x.unsqueeze(-1))
+
+    def structure(self) -> torch.Tensor:
+        return torch.ones(self.width, dtype=torch.float64)
+
+    def grid_penalty(self) -> torch.Tensor:
+        """M with P = kron(I_R, M): (1, 1)."""
+        return torch.ones(1, 1, dtype=torch.float64)
