@@ -69,8 +69,8 @@ def test_forest_block_equals_the_one_hot_by_hand():
 
 
 def test_forest_x_fourier_crossing_equals_the_row_wise_kronecker_by_hand():
-    spec = CrossingSpec(left=ForestSpec(column="a", others=["b"], n_trees=5, max_depth=2),
-                        right=FourierSpec(column="b", m=2, s=2.0), ap=-2.0)
+    spec = CrossingSpec(left=ForestSpec(column="a", others=["b"], n_trees=5, max_depth=2, ap=0.0),
+                        right=FourierSpec(column="b", m=2, s=2.0, ap=-1.0), ap=-2.0)
     fourier = FourierEffect("right", spec.right)
     forest = ForestEffect("left", spec.left, seed=3)
     crossing = CrossingEffect("cross", spec, fourier, forest)  # the forest is put first whatever the order
@@ -84,9 +84,9 @@ def test_forest_x_fourier_crossing_equals_the_row_wise_kronecker_by_hand():
     dense = (one_hot[..., :, None] * phi_b[..., None, :]).reshape(3, 200, -1)  # row-wise Kronecker
     np.testing.assert_allclose(block.to_dense().numpy(), dense, atol=TOL)
     check_block_products(block, dense, np.random.default_rng(2))
-    # lambda (P_forest (x) I + I (x) P_fourier) = lambda kron(I_R, I + diag(1 + k^4))
+    # lambda (lambda_f P_forest (x) I + lambda_b I (x) P_fourier) = 1e-2 kron(I_R, 1 I + 0.1 diag(1 + k^4))
     w = np.array([2.0, 17.0, 2.0, 17.0])
-    expected = 1e-2 * np.kron(np.eye(forest.width), np.eye(4)) + 1e-2 * np.kron(np.eye(forest.width), np.diag(w))
+    expected = 1e-2 * np.kron(np.eye(forest.width), np.eye(4)) + 1e-3 * np.kron(np.eye(forest.width), np.diag(w))
     np.testing.assert_allclose(crossing.penalty().numpy(), expected, rtol=1e-14)
 
 

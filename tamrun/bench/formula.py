@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from tamrun.config.effects import CategoricalSpec, FourierSpec, LinearSpec, SplineSpec
+from tamrun.config.effects import CategoricalSpec, CrossingSpec, ForestSpec, FourierSpec, LinearSpec, SplineSpec
 
 
 def _num(value: float) -> str:
@@ -23,6 +23,13 @@ def peer_term(spec: Any) -> str:
         return f"c({spec.column}, topo='{spec.topo}', ap={_num(spec.ap)})"
     if isinstance(spec, SplineSpec):
         return f"s({spec.column}, k={spec.k}, deg={spec.deg}, p={spec.p}, ap={_num(spec.ap)})"
+    if isinstance(spec, ForestSpec):
+        if len(spec.others) > 1:
+            raise ValueError("the benchmark writes forests with at most one 'others' column for the peer")
+        others = f", others={spec.others[0]}" if spec.others else ""
+        return f"t({spec.column}, n_trees={spec.n_trees}, max_depth={spec.max_depth}{others}, ap={_num(spec.ap)})"
+    if isinstance(spec, CrossingSpec):
+        return f"te({peer_term(spec.left)}, {peer_term(spec.right)}, ap={_num(spec.ap)})"
     raise ValueError(f"the peer has no equivalent of a {type(spec).__name__}")
 
 

@@ -82,8 +82,9 @@ class SplineSpec:
 @dataclass
 class ForestSpec:
     """Random binning: ``n_trees`` oblivious random trees of depth ``max_depth`` over ``column`` and
-    ``others`` (scaled to [-1, 1]); each level splits on a random feature at a random quantile of its
-    training values. Phi = one-hot of each tree's leaf / sqrt(T): T non-zeros among T 2^d columns,
+    ``others`` (scaled to [-1, 1]); each level splits on a random feature at a random threshold: a
+    random quantile of its training values (``split=quantile``) or uniformly in its training range (``split=uniform``, the
+    default). Phi = one-hot of each tree's leaf / sqrt(T): T non-zeros among T 2^d columns,
     kept as leaf indices, never dense. Penalty lambda I. ``seed`` None = the run's seed.
     """
 
@@ -92,6 +93,9 @@ class ForestSpec:
     others: List[str] = field(default_factory=list)
     n_trees: int = 50
     max_depth: int = 6
+    # uniform: thresholds uniform in the feature's training range (the peer's default);
+    # quantile: at a uniform random quantile of its training values.
+    split: str = "uniform"
     seed: Optional[int] = None
     ap: float = -3.0
 
@@ -101,7 +105,8 @@ class CrossingSpec:
     """Row-wise Kronecker product of two effects (``left`` x ``right``), e.g. forest x fourier.
 
     Columns (a, b) -> a * D_right + b (a forest is always put first); penalty
-    lambda (P_left (x) I + I (x) P_right) with the sides' penalty structures (their own ap is ignored).
+    lambda (lambda_left P_left (x) I + lambda_right I (x) P_right): each side's ap weights its margin
+    and the crossing's ap multiplies both (the peer's te(), whose margins default to ap=-9).
     """
 
     kind: str = "crossing"
@@ -148,6 +153,8 @@ def _check_ranges(spec: Any, path: str) -> None:
                  "the number of trees must be in [1, 100000]", "set n_trees to e.g. 50")
         _require(1 <= spec.max_depth <= 20, f"{path}.max_depth", spec.max_depth,
                  "the depth must be in [1, 20]", "set max_depth to e.g. 6")
+        _require(spec.split in ("uniform", "quantile"), f"{path}.split", spec.split, "unknown split strategy",
+                 "use split=uniform or split=quantile")
     elif isinstance(spec, CategoricalSpec):
         _require(spec.topo in CATEGORICAL_TOPOLOGIES, f"{path}.topo", spec.topo, "unknown topology",
                  f"use one of {', '.join(CATEGORICAL_TOPOLOGIES)}")

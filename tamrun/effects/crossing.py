@@ -1,8 +1,10 @@
 """Crossing: the row-wise Kronecker product of two effects, phi(x) = phi_a(x_a) (x) phi_b(x_b).
 
-Columns (a, b) -> a D_b + b; penalty lambda (P_a (x) I + I (x) P_b) with the sides' structures.
+Columns (a, b) -> a D_b + b; penalty lambda (lambda_a P_a (x) I + lambda_b I (x) P_b): each side's own
+weight (its ap) multiplies its margin, and the crossing's ap multiplies both (the peer's te(): one
+smoothing parameter per margin, the te-level weight folded into each).
 A forest side is always put first: forest x dense is an `IndexedBlock` with T D_b non-zeros per row
-(the dense side's columns as weights) and penalty kron(I_R, M), M = I + P_b.
+(the dense side's columns as weights) and penalty lambda kron(I_R, M), M = lambda_a I + lambda_b P_b.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class CrossingEffect(Effect):
         raise TypeError("a crossing reads several columns: use block(raw, scaled)")
 
     def structure(self) -> torch.Tensor:
-        sa, sb = self.left.structure(), self.right.structure()
+        sa, sb = self.left.lam * self.left.structure(), self.right.lam * self.right.structure()
         if sa.dim() == 1 and sb.dim() == 1:
             return (sa.unsqueeze(1) + sb.unsqueeze(0)).reshape(-1)
         ia = torch.eye(self.left.width, dtype=torch.float64)
@@ -83,5 +85,7 @@ class CrossingEffect(Effect):
         return torch.kron(as_matrix(sa), ib) + torch.kron(ia, as_matrix(sb))
 
     def grid_penalty(self) -> torch.Tensor:
-        """M with P = kron(I_R, M) (forest crossings, whose forest structure is I): I + P_b."""
-        return torch.eye(self.right.width, dtype=torch.float64) + as_matrix(self.right.structure())
+        """M with P / lambda = kron(I_R, M) (forest crossings, whose forest structure is I):
+        lambda_a I + lambda_b P_b."""
+        return (self.left.lam * torch.eye(self.right.width, dtype=torch.float64)
+                + self.right.lam * as_matrix(self.right.structure()))

@@ -1,7 +1,8 @@
 """Random-binning forest: T oblivious random trees of depth d over one or more scaled features.
 
 Tree t splits at level l on feature f_{t,l} (uniform among the effect's columns) at threshold
-c_{t,l} = the u_{t,l}-quantile of that feature's scaled training values (u uniform in (0, 1)).
+c_{t,l} = min + u_{t,l} (max - min) over that feature's scaled training values (``split=uniform``)
+or their u_{t,l}-quantile (``split=quantile``), u uniform in (0, 1).
 A row's leaf in tree t is sum_l 2^l 1[z_{f_{t,l}} > c_{t,l}] (L = 2^d leaves); its column is
 t L + leaf. Phi = one-hot of the T leaves / sqrt(T): T non-zeros among T L columns, kept as an
 `IndexedBlock` of leaf indices. Penalty lambda I. Deterministic given the seed.
@@ -26,7 +27,7 @@ class ForestEffect(Effect):
     def __init__(self, name: str, spec: ForestSpec, seed: int) -> None:
         super().__init__(name, spec.column, spec.ap)
         self.others = list(spec.others or [])
-        self.n_trees, self.depth = spec.n_trees, spec.max_depth
+        self.n_trees, self.depth, self.split = spec.n_trees, spec.max_depth, spec.split
         generator = torch.Generator().manual_seed(int(spec.seed if spec.seed is not None else seed))
         self.features = torch.randint(len(self.columns), (self.n_trees, self.depth), generator=generator)
         self.quantile_levels = torch.rand(self.n_trees, self.depth, generator=generator, dtype=torch.float64)
@@ -59,13 +60,18 @@ class ForestEffect(Effect):
         return 2 * self.n_trees * self.depth + 3 * self.n_trees
 
     def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
-        """Thresholds at the drawn quantiles of each chosen feature's scaled training values."""
+        """Thresholds from each chosen feature's scaled training values (see the module docstring)."""
         thresholds = np.empty((self.n_trees, self.depth))
         features, levels = self.features.numpy(), self.quantile_levels.numpy()
         for f in range(len(self.columns)):
             chosen = features == f
-            if chosen.any():
-                thresholds[chosen] = np.quantile(scaled[:, f], levels[chosen])
+            if not chosen.any():
+                continue
+            values = scaled[:, f]
+            if self.split == "quantile":
+                thresholds[chosen] = np.quantile(values, levels[chosen])
+            else:
+                thresholds[chosen] = values.min() + levels[chosen] * (values.max() - values.min())
         self.thresholds = torch.as_tensor(thresholds)
 
     def leaf_index(self, scaled: torch.Tensor) -> torch.Tensor:
