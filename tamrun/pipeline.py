@@ -118,11 +118,12 @@ def problem_size(features: Features, n_predict_rows: int = 0, config: Optional[C
     """The sizes the memory oracle plans with."""
     train, design = features.train, features.design
     itemsize = train.x.element_size()
-    block = 0
+    blocks = 0
     if config is not None and config.solver.preconditioner.value == "block_jacobi":
-        block = design.dense_width if design.dense_width <= config.solver.block_max_dim else 0
+        blocks = design.dense_width ** 2 if design.dense_width <= config.solver.block_max_dim else 0
+        blocks += sum(e.width * e.grid_q for e in design.indexed_effects if e.grid_q > 1)  # R Q^2
     return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width, itemsize=itemsize,
-                       row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_width=block)
+                       row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_elements=blocks)
 
 
 def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0) -> Plan:

@@ -40,6 +40,11 @@ class DesignChunk:
         parts += [block.squared_column_sums() for _, block in self.indexed]
         return torch.cat(parts, dim=-1)
 
+    def grid_grams(self) -> List[torch.Tensor]:
+        """Per indexed block with Q > 1 columns per grid row: its (g, R, Q, Q) diagonal blocks of
+        Phi' Phi (empty tensors for Q = 1, whose diagonal is the Jacobi one)."""
+        return [block.grid_gram() if block.q > 1 else self.dense.new_zeros(0) for _, block in self.indexed]
+
     def gram(self) -> torch.Tensor:
         """Phi' Phi: (g, D, D), indexed blocks by scatters (never one-hot)."""
         g, dd = self.dense.shape[0], self.dense.shape[-1]

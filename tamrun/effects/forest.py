@@ -77,10 +77,15 @@ class ForestEffect(Effect):
     def leaf_index(self, scaled: torch.Tensor) -> torch.Tensor:
         """scaled (..., n, C) -> (..., n, T) column index t L + leaf (int64)."""
         thresholds = self.thresholds.to(device=scaled.device, dtype=scaled.dtype)
-        chosen = scaled[..., self.features.to(scaled.device)]  # (..., n, T, d)
-        powers = (2 ** torch.arange(self.depth, device=scaled.device)).to(torch.int64)
-        leaf = ((chosen > thresholds).to(torch.int64) * powers).sum(dim=-1)
-        return leaf + torch.arange(self.n_trees, device=scaled.device) * self.leaves
+        features = self.features.to(scaled.device)
+        powers = 2.0 ** torch.arange(self.depth, device=scaled.device, dtype=torch.float32)
+        leaf = None
+        for f in range(len(self.columns)):  # compare each feature once against its levels' thresholds
+            weights = torch.where(features == f, powers, torch.zeros_like(powers))  # (T, d) 2^l where split on f
+            above = (scaled[..., f, None, None] > thresholds).to(torch.float32)  # (..., n, T, d)
+            part = torch.einsum("...td,td->...t", above, weights)
+            leaf = part if leaf is None else leaf + part
+        return leaf.to(torch.int64) + torch.arange(self.n_trees, device=scaled.device) * self.leaves
 
     def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor) -> IndexedBlock:
         return IndexedBlock(self.leaf_index(scaled), self.width, 1.0 / math.sqrt(self.n_trees))

@@ -92,6 +92,14 @@ class IndexedBlock:
         """diag(Phi' Phi) (g, R Q)."""
         return self._scatter_rows(self.row_values() ** 2)
 
+    def grid_gram(self) -> torch.Tensor:
+        """The diagonal (Q, Q) blocks of Phi' Phi, one per grid row: (g, R, Q, Q). Within one grid
+        row (a leaf) the Q columns couple; across rows of one slot they never do."""
+        g, n = self.index.shape[:2]
+        values = self.row_values()
+        outer = (values.unsqueeze(-1) * values.unsqueeze(-2)).reshape(g, n, self.q * self.q)
+        return self._scatter_rows(outer).view(g, self.n_rows_grid, self.q, self.q)
+
     def cross_dense(self, dense: torch.Tensor) -> torch.Tensor:
         """Phi' B for a dense block B (g, n, K) -> (g, R Q, K)."""
         g, n = self.index.shape[:2]

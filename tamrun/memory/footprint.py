@@ -8,10 +8,10 @@ for indexed blocks), apply (one product Phi v or Phi' u). Per group:
 
     direct          fixed (2 D^2 + 4 D) s            Gram + rhs, Cholesky factor, solution
                     per row build + gram
-    cg, cached      fixed (8 D + 2 B^2) s + N store  CG vectors, block-Jacobi block (B = Dd <= 512, else 0);
-                                                     W Phi kept between iterations
+    cg, cached      fixed (8 D + 2 K) s + N store    CG vectors, block-Jacobi blocks (K = Dd^2 if Dd <= 512,
+                                                     plus R Q^2 per forest crossing); W Phi kept between iterations
                     per row max(build - store, apply) the chunk being built becomes part of the cache
-    cg, rebuilt     fixed (8 D + 2 B^2) s, per row build + apply
+    cg, rebuilt     fixed (8 D + 2 K) s, per row build + apply
     predict         fixed D s, per row build + apply + s; plus the (G, N) predictions
 
 A step's footprint is g * (fixed + r * per row), times the overhead factor (default 1.1).
@@ -34,7 +34,7 @@ class ProblemSize:
     itemsize: int
     row: RowBytes = field(default_factory=lambda: RowBytes(0, 0, 0, 0))
     n_predict_rows: int = 0
-    preconditioner_width: int = 0  # columns of the block the CG preconditioner inverts (Dd or 0)
+    preconditioner_elements: int = 0  # per group: the blocks block-Jacobi inverts (Dd^2 + sum R Q^2)
 
 
 def dense_system_bytes(p: ProblemSize) -> int:
@@ -49,8 +49,8 @@ def direct_row_bytes(p: ProblemSize) -> int:
 
 def cg_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's CG state: rhs, x, r, z, p, Ap, the Jacobi diagonal, a spare, and the
-    block-Jacobi block with its Cholesky factor."""
-    return (8 * p.width + 2 * p.preconditioner_width ** 2) * p.itemsize
+    block-Jacobi blocks with their Cholesky factors."""
+    return (8 * p.width + 2 * p.preconditioner_elements) * p.itemsize
 
 
 def cg_cache_bytes(p: ProblemSize) -> int:

@@ -166,12 +166,17 @@ class Dispatcher:
         diag = torch.zeros_like(rhs)
         dd = dd if dd <= self.solver.block_max_dim else 0  # block_jacobi only for a small dense block
         dense_gram = torch.zeros(g, dd, dd, dtype=rhs.dtype, device=rhs.device)
-        for rows, chunk in zip(spans, chunks()):  # rhs, Jacobi diagonal and the dense block in one pass
+        blocked = self.solver.preconditioner.value == "block_jacobi"
+        grid_grams: Optional[List[torch.Tensor]] = None
+        for rows, chunk in zip(spans, chunks()):  # rhs, Jacobi diagonal and the blocks in one pass
             y = (batch.y[groups, rows] * batch.weight[groups, rows]).to(self.devices.device)
             rhs += chunk.rmatvec(y)
             diag += chunk.squared_column_sums()
             if dd:
                 dense_gram.baddbmm_(chunk.dense.mT, chunk.dense)
+            if blocked:
+                grams = chunk.grid_grams()
+                grid_grams = grams if grid_grams is None else [a + b for a, b in zip(grid_grams, grams)]
         rhs /= n
         diag = diag / n + penalty.diagonal() + self.solver.jitter
         dense_block = dense_gram / n.unsqueeze(-1) + penalty.leading(dd)
@@ -184,7 +189,9 @@ class Dispatcher:
             return acc / n + penalty.matvec(v) + self.solver.jitter * v
 
         tol = self.solver.tol if self.solver.tol is not None else DEFAULT_TOL[rhs.dtype]
-        result = conjugate_gradient(matvec, rhs, self._preconditioner(diag, dense_block), tol, self.solver.max_iter)
+        grid_blocks = self._grid_blocks(grid_grams or [], penalty, n)
+        result = conjugate_gradient(matvec, rhs, self._preconditioner(diag, dense_block, grid_blocks), tol,
+                                    self.solver.max_iter)
         stats.cg_iterations = max(stats.cg_iterations, int(result.iterations.max()))
         stats.cg_unconverged_groups += int((~result.converged).sum())
         stats.cg_final_residual = max(stats.cg_final_residual, float(result.relative_residual.max()))
@@ -192,24 +199,58 @@ class Dispatcher:
             stats.cg_history = result.history
         return result.x
 
-    def _preconditioner(self, diag: torch.Tensor, dense_block: torch.Tensor):
+    def _grid_blocks(self, grid_grams: List[torch.Tensor], penalty: BlockPenalty,
+                     n: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
+        """Cholesky factors of the per-leaf (Q, Q) blocks of A for indexed blocks with Q > 1:
+        [(first column, factor (g, R, Q, Q))]."""
+        out = []
+        grid_penalties = [b for b in penalty.blocks if b.grid]
+        for gram, (start, width), pen in zip(grid_grams, self._indexed_spans(), grid_penalties):
+            if gram.numel() == 0:
+                continue
+            block = gram / n.view(-1, 1, 1, 1) + pen.matrix
+            block.diagonal(dim1=-2, dim2=-1).add_(self.solver.jitter)
+            factor, info = torch.linalg.cholesky_ex(block)
+            if bool((info > 0).any()):
+                log.warning("a leaf block is not positive definite: Jacobi on its columns")
+                continue
+            out.append((start, factor))
+        return out
+
+    def _indexed_spans(self) -> List[Tuple[int, int]]:
+        start, spans = self.design.dense_width, []
+        for effect in self.design.indexed_effects:
+            spans.append((start, effect.width))
+            start += effect.width
+        return spans
+
+    def _preconditioner(self, diag: torch.Tensor, dense_block: torch.Tensor,
+                        grid_blocks: List[Tuple[int, torch.Tensor]]):
         """M^-1 per solver.preconditioner: none; jacobi (1 / diag A); block_jacobi (the dense
-        effects' block of A inverted exactly by Cholesky, Jacobi on the indexed columns)."""
+        effects' block of A inverted exactly by Cholesky, each leaf's (Q, Q) block of a forest
+        crossing likewise, Jacobi on the other columns)."""
         kind = self.solver.preconditioner.value
         if kind == "none":
             return None
         inverse_diagonal = 1.0 / diag
-        if kind == "jacobi" or not 0 < dense_block.shape[-1] <= self.solver.block_max_dim:
-            return lambda r: r * inverse_diagonal
-        factor, info = torch.linalg.cholesky_ex(dense_block)
-        if bool((info > 0).any()):
-            log.warning("the dense block is not positive definite: Jacobi instead of solver.preconditioner=block_jacobi")
+        if kind == "jacobi":
             return lambda r: r * inverse_diagonal
         dd = dense_block.shape[-1]
+        factor = None
+        if 0 < dd <= self.solver.block_max_dim:
+            factor, info = torch.linalg.cholesky_ex(dense_block)
+            if bool((info > 0).any()):
+                log.warning("the dense block is not positive definite: Jacobi on its columns")
+                factor = None
 
         def apply(r: torch.Tensor) -> torch.Tensor:
             out = r * inverse_diagonal
-            out[:, :dd] = torch.cholesky_solve(r[:, :dd].unsqueeze(-1), factor).squeeze(-1)
+            if factor is not None:
+                out[:, :dd] = torch.cholesky_solve(r[:, :dd].unsqueeze(-1), factor).squeeze(-1)
+            for start, leaf_factor in grid_blocks:
+                g, rows, q = leaf_factor.shape[:3]
+                part = r[:, start:start + rows * q].reshape(g, rows, q, 1)
+                out[:, start:start + rows * q] = torch.cholesky_solve(part, leaf_factor).reshape(g, rows * q)
             return out
 
         return apply
