@@ -95,3 +95,10 @@ def test_user_csv_with_direct_and_float32_cg(compose_cfg, store_uri, csv_path):
     assert client.get_run(cg.run_id).data.params["data.source"] == "file"
     history = client.get_metric_history(cg.run_id, "cg_residual")
     assert len(history) > 2 and history[-1].value < history[0].value
+
+
+def test_forest_preset_matches_the_peer_with_leaf_indices_and_cg(compose_cfg):
+    result = run(compose_cfg("model=forest", "tracking=none"))
+    assert result.route == "cg" and result.width == 1 + 1 + 8 + 1 + 50 * 64
+    assert result.stats.cg_unconverged_groups == 0 and result.stats.cg_final_residual <= 1e-6
+    assert result.metrics["rmse_test"] <= 1.02 * 1683.5  # the peer's forest RMSE, same formula

@@ -117,16 +117,16 @@ def run_peer(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     seen: Dict[str, object] = {"route": "direct"}
     solve_cg = dispatcher.solve_sparse_cg
 
-    def counting_cg(compute_av, b, x0=None, tol=1e-4, max_iter=1000):
+    def counting_cg(compute_Av, b, x0=None, tol=1e-4, max_iter=1000):  # noqa: N803 - the peer passes keywords
         calls = [0]
 
         def av(v):
             calls[0] += 1
-            return compute_av(v)
+            return compute_Av(v)
 
         cap = args.peer_max_iter if args.peer_max_iter is not None else max_iter
         x = solve_cg(av, b, x0=x0, tol=tol, max_iter=cap)
-        residual = torch.linalg.vector_norm(b - compute_av(x)) / torch.linalg.vector_norm(b).clamp_min(1e-300)
+        residual = torch.linalg.vector_norm(b - compute_Av(x)) / torch.linalg.vector_norm(b).clamp_min(1e-300)
         seen.update(route="cg", cg_iterations=calls[0] - 1, cg_residual=float(residual), cg_max_iter=cap)
         return x
 

@@ -169,8 +169,8 @@ class AdditiveDesign:
         for effect in self.indexed_effects:
             t, q = effect.slots, effect.grid_q
             slot_bytes = t * INDEX_BYTES
-            build += effect.work_width * itemsize + slot_bytes + (q + 1) * itemsize
-            store += slot_bytes + (q + 1) * itemsize
+            build += effect.work_width * INDEX_BYTES + slot_bytes + (q + 1) * itemsize
+            store += 2 * slot_bytes + (q + 1) * itemsize  # leaf indices and their slot-major copy
             apply += 2 * t * q * itemsize + 2 * slot_bytes + 2 * q * itemsize
             gram += t * q * self.dense_width * itemsize * 2 + slot_bytes
             for other in self.indexed_effects:

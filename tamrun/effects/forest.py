@@ -57,7 +57,8 @@ class ForestEffect(Effect):
 
     @property
     def work_width(self) -> int:
-        return 2 * self.n_trees * self.depth + 3 * self.n_trees
+        # float32 comparisons (T d) and leaf sums (T), then the int64 leaves (T): in 8-byte columns
+        return (4 * self.n_trees * self.depth + 4 * self.n_trees + 8 * self.n_trees) // 8
 
     def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
         """Thresholds from each chosen feature's scaled training values (see the module docstring)."""
@@ -95,7 +96,7 @@ class ForestEffect(Effect):
         return block.to_dense().to(scaled.dtype)
 
     def design(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x.unsqueeze(-1), x.unsqueeze(-1))
+        raise TypeError("a forest reads its columns together: use block(raw, scaled) or indexed_block")
 
     def structure(self) -> torch.Tensor:
         return torch.ones(self.width, dtype=torch.float64)
