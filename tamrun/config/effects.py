@@ -223,8 +223,3 @@ def effect_columns(specs: Mapping[str, Any]) -> Dict[str, str]:
     for name, spec in specs.items():
         out.update(spec_columns(spec, f"model.effects.{name}"))
     return out
-
-
-def spec_to_dict(spec: Any) -> Dict[str, Optional[Any]]:
-    """A plain dict of a spec (for logging the parsed, defaults-filled model)."""
-    return dict(OmegaConf.to_container(OmegaConf.structured(spec)))

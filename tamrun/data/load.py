@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import pandas as pd
 
@@ -67,8 +67,3 @@ def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
             example = frame[column].iloc[0]
             raise DataError(field, column, f"the column is not numeric (e.g. {example!r})",
                             "choose a numeric column, or derive one in data.derived")
-
-
-def unique_columns(columns: Iterable[str]) -> list:
-    """Columns in first-seen order without repeats."""
-    return list(dict.fromkeys(columns))
