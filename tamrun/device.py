@@ -82,6 +82,11 @@ class DeviceManager:
             torch.set_num_threads(threads)
         log.info("device: %s (%s)", self.name, kind)
 
+    @classmethod
+    def from_config(cls, hw, dtype: torch.dtype) -> "DeviceManager":
+        """From the ``hw`` config group (device, preference, threads) and the run's dtype."""
+        return cls(hw.device.value, hw.preference, dtype, hw.threads)
+
     @property
     def name(self) -> str:
         """Human-readable device name (GPU model or CPU brand)."""

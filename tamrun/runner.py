@@ -73,7 +73,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None) -> RunResult:
     config, specs = typed_config(cfg)
     torch.manual_seed(config.seed)
     if config.mode.name == ModeName.plan:
-        devices = DeviceManager(config.hw.device.value, config.hw.preference, DTYPES[config.dtype], config.hw.threads)
+        devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         return _plan_only(config, specs, devices)
     tags = {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name}
     commit = git_commit()
@@ -84,7 +84,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None) -> RunResult:
         resolved_yaml = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg), resolve=True)
         tracked.log_text(resolved_yaml, "config/resolved.yaml")
         tracked.log_text("\n".join(overrides or []) + "\n", "config/overrides.txt")
-        devices = DeviceManager(config.hw.device.value, config.hw.preference, DTYPES[config.dtype], config.hw.threads)
+        devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
         result = _fit_and_evaluate(config, specs, devices, tracked)
         result.run_id = tracked.run_id

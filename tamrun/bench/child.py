@@ -81,7 +81,7 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     from tamrun.config.load import config_dir, typed_config
     from tamrun.config.store import register_configs
     from tamrun.device import DeviceManager
-    from tamrun.pipeline import fit_model, load_splits
+    from tamrun.pipeline import DTYPES, fit_model, load_splits
 
     overrides = [f"model={args.model}", f"hw={args.device}", "tracking=none", f"dtype={args.dtype}"]
     if args.cap is not None and args.device == "cuda":
@@ -93,7 +93,7 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     config, specs = typed_config(cfg)
-    devices = DeviceManager(config.hw.device.value, config.hw.preference)
+    devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
     train, test = load_splits(config, specs)
     if args.cap is not None and args.device == "cuda":
         devices.set_limit(int(args.cap * devices.memory().total))
