@@ -2,6 +2,11 @@
 
 The dense columns (intercept and dense effects) come first, then each indexed effect's columns.
 All products carry a leading group dimension g; weights (0 for padding) are already applied.
+
+Batch invariance: a group's products are bitwise the same whatever other groups share its chunk (a
+memory cap changes the chunks; the coefficients must not change). Batched BLAS calls are not (a
+chunk of one group takes a matrix-vector path, a larger one a batched product), so the dense
+products here are elementwise products reduced per row, and Gram blocks one 2-D product per group.
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ import torch
 from tamrun.effects.indexed import IndexedBlock
 
 
+def add_gram_(out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group."""
+    for group in range(dense.shape[0]):
+        out[group].addmm_(dense[group].mT, dense[group])
+    return out
+
+
 @dataclass
 class DesignChunk:
     dense: torch.Tensor  # (g, n, Dd)
@@ -23,14 +35,14 @@ class DesignChunk:
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """Phi v: (g, D) -> (g, n)."""
         dd = self.dense.shape[-1]
-        out = torch.einsum("gnd,gd->gn", self.dense, v[:, :dd])
+        out = (self.dense * v[:, None, :dd]).sum(dim=-1)
         for start, block in self.indexed:
             out += block.matvec(v[:, start:start + block.width])
         return out
 
     def rmatvec(self, u: torch.Tensor) -> torch.Tensor:
         """Phi' u: (g, n) -> (g, D)."""
-        parts = [torch.einsum("gnd,gn->gd", self.dense, u)]
+        parts = [(self.dense * u.unsqueeze(-1)).sum(dim=1)]
         parts += [block.rmatvec(u) for _, block in self.indexed]
         return torch.cat(parts, dim=-1)
 
@@ -49,7 +61,7 @@ class DesignChunk:
         """Phi' Phi: (g, D, D), indexed blocks by scatters (never one-hot)."""
         g, dd = self.dense.shape[0], self.dense.shape[-1]
         out = torch.zeros(g, self.width, self.width, dtype=self.dense.dtype, device=self.dense.device)
-        out[:, :dd, :dd] = self.dense.mT @ self.dense
+        add_gram_(out[:, :dd, :dd], self.dense)
         for i, (start, block) in enumerate(self.indexed):
             rows = slice(start, start + block.width)
             cross = block.cross_dense(self.dense)  # (g, Wi, Dd)
@@ -97,8 +109,8 @@ class BlockPenalty:
             if b.grid:
                 q = b.matrix.shape[0]
                 out[:, b.start:b.start + b.width] = (part.reshape(v.shape[0], -1, q) @ b.matrix).reshape(part.shape)
-            else:
-                out[:, b.start:b.start + b.width] = part @ b.matrix
+            else:  # elementwise, not part @ matrix (see the module docstring)
+                out[:, b.start:b.start + b.width] = (part.unsqueeze(-1) * b.matrix).sum(dim=-2)
         return out
 
     def diagonal(self) -> torch.Tensor:

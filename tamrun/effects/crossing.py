@@ -63,8 +63,7 @@ class CrossingEffect(Effect):
 
     def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor) -> IndexedBlock:
         (raw_a, raw_b), (scaled_a, scaled_b) = self._split(raw), self._split(scaled)
-        forest = self.left.indexed_block(raw_a, scaled_a)
-        return IndexedBlock(forest.index, forest.n_rows_grid, forest.scale, factor=self.right.block(raw_b, scaled_b))
+        return self.left.indexed_block(raw_a, scaled_a, factor=self.right.block(raw_b, scaled_b))
 
     def block(self, raw: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
         if self.indexed:

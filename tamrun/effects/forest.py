@@ -11,7 +11,7 @@ t L + leaf. Phi = one-hot of the T leaves / sqrt(T): T non-zeros among T L colum
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -57,8 +57,9 @@ class ForestEffect(Effect):
 
     @property
     def work_width(self) -> int:
-        # float32 comparisons (T d) and leaf sums (T), then the int64 leaves (T): in 8-byte columns
-        return (4 * self.n_trees * self.depth + 4 * self.n_trees + 8 * self.n_trees) // 8
+        # the picked features (T, in the chunk's dtype, counted as 8 bytes) and the comparisons (T bytes),
+        # besides the leaves themselves (`slots`): in 8-byte columns
+        return self.n_trees + (self.n_trees + 7) // 8
 
     def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
         """Thresholds from each chosen feature's scaled training values (see the module docstring)."""
@@ -76,20 +77,30 @@ class ForestEffect(Effect):
         self.thresholds = torch.as_tensor(thresholds)
 
     def leaf_index(self, scaled: torch.Tensor) -> torch.Tensor:
-        """scaled (..., n, C) -> (..., n, T) column index t L + leaf (int64)."""
-        thresholds = self.thresholds.to(device=scaled.device, dtype=scaled.dtype)
-        features = self.features.to(scaled.device)
-        powers = 2.0 ** torch.arange(self.depth, device=scaled.device, dtype=torch.float32)
-        leaf = None
-        for f in range(len(self.columns)):  # compare each feature once against its levels' thresholds
-            weights = torch.where(features == f, powers, torch.zeros_like(powers))  # (T, d) 2^l where split on f
-            above = (scaled[..., f, None, None] > thresholds).to(torch.float32)  # (..., n, T, d)
-            part = torch.einsum("...td,td->...t", above, weights)
-            leaf = part if leaf is None else leaf + part
-        return leaf.to(torch.int64) + torch.arange(self.n_trees, device=scaled.device) * self.leaves
+        """scaled (..., n, C) -> (..., n, T) column index t L + leaf (int32, int64 if T L >= 2^31).
 
-    def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor) -> IndexedBlock:
-        return IndexedBlock(self.leaf_index(scaled), self.width, 1.0 / math.sqrt(self.n_trees))
+        One level at a time: each tree's split feature is picked by a product with a 0/1 selection
+        matrix (C, T) (exact: z * 1 + z' * 0 = z), compared with the level's thresholds, and 2^l is
+        added where it is above. Buffers are reused across levels."""
+        lead, n_cols = scaled.shape[:-1], scaled.shape[-1]
+        dtype = torch.int32 if self.width < 2**31 else torch.int64
+        device = scaled.device
+        select = torch.nn.functional.one_hot(self.features, n_cols).to(device=device, dtype=scaled.dtype)  # (T, d, C)
+        thresholds = self.thresholds.to(device=device, dtype=scaled.dtype)
+        rows = scaled.reshape(-1, n_cols)
+        leaf = (torch.arange(self.n_trees, device=device, dtype=dtype) * self.leaves).expand(rows.shape[0], -1).clone()
+        picked = torch.empty(leaf.shape, dtype=scaled.dtype, device=device)
+        above = torch.empty(leaf.shape, dtype=torch.bool, device=device)
+        for level in range(self.depth):
+            torch.mm(rows, select[:, level].T, out=picked)
+            torch.gt(picked, thresholds[:, level], out=above)
+            leaf.add_(above, alpha=2 ** level)
+        return leaf.view(*lead, self.n_trees)
+
+    def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor,
+                      factor: Optional[torch.Tensor] = None) -> IndexedBlock:
+        """The leaves as an `IndexedBlock`; ``factor`` (..., n, Q) weights each leaf's Q columns (crossings)."""
+        return IndexedBlock(self.leaf_index(scaled), self.width, 1.0 / math.sqrt(self.n_trees), factor=factor)
 
     def block(self, raw: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
         block = self.indexed_block(raw, scaled)

@@ -20,7 +20,7 @@ import torch
 from tamrun.config.schema import OomConfig, SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.device import DeviceManager
-from tamrun.effects.chunk import BlockPenalty, DesignChunk
+from tamrun.effects.chunk import BlockPenalty, DesignChunk, add_gram_
 from tamrun.effects.design import AdditiveDesign
 from tamrun.memory.guard import OomLog, retry_on_oom
 from tamrun.memory.oracle import Plan
@@ -133,7 +133,7 @@ class Dispatcher:
             if chunk.indexed:
                 gram += chunk.gram()
             else:  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
-                gram.baddbmm_(chunk.dense.mT, chunk.dense)
+                add_gram_(gram, chunk.dense)
             rhs += chunk.rmatvec(y)
             del chunk, y
         n = self._system_scale(batch, groups)
@@ -173,7 +173,7 @@ class Dispatcher:
             rhs += chunk.rmatvec(y)
             diag += chunk.squared_column_sums()
             if dd:
-                dense_gram.baddbmm_(chunk.dense.mT, chunk.dense)
+                add_gram_(dense_gram, chunk.dense)
             if blocked:
                 grams = chunk.grid_grams()
                 grid_grams = grams if grid_grams is None else [a + b for a, b in zip(grid_grams, grams)]
