@@ -123,13 +123,16 @@ def problem_size(features: Features, n_predict_rows: int = 0, config: Optional[C
         blocks = design.dense_width ** 2 if design.dense_width <= config.solver.block_max_dim else 0
         blocks += sum(e.width * e.grid_q for e in design.indexed_effects if e.grid_q > 1)  # R Q^2
     return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width, itemsize=itemsize,
-                       row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_elements=blocks)
+                       row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_elements=blocks,
+                       kernel_row=design.kernel_row_bytes(itemsize),
+                       max_grid_rows=max((e.width // e.grid_q for e in design.indexed_effects), default=0))
 
 
 def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0) -> Plan:
     """The oracle's plan for this problem on this device under the configured limit."""
     oracle = MemoryOracle(config.memory, parse_size(config.memory.limit), on_gpu=devices.kind != "cpu")
-    return oracle.plan(problem_size(features, n_predict_rows, config), devices.memory().free, config.solver.name.value)
+    return oracle.plan(problem_size(features, n_predict_rows, config), devices.memory().free, config.solver.name.value,
+                       config.solver.dual)
 
 
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, oom_log: Optional[OomLog] = None,

@@ -138,3 +138,31 @@ def test_cg_per_group_arithmetic_does_not_depend_on_the_group_chunk(forest_probl
     whole, _, _ = fit(batch, design, "cg", groups=len(batch.groups), rows=97, tol=1e-8)
     chunked, _, _ = fit(batch, design, "cg", groups=groups, rows=97, tol=1e-8)
     np.testing.assert_array_equal(chunked, whole)
+
+
+def test_dual_form_matches_the_primal_and_the_dense_reference():
+    """Fewer rows than columns (N < D): the N x N kernel system gives the primal solution."""
+    from tamrun.config.effects import CrossingSpec, ForestSpec
+    from tamrun.effects.registry import build_effects
+
+    frame = synthetic_frame(days=6, groups=3, seed=8)
+    frame = frame[~((frame["g"] == 1) & (frame.index % 4 == 0))]  # ragged: padded rows in group 1
+    frame["x2"] = np.cos(frame["x"])
+    specs = {"sx": SplineSpec(column="x", k=6, deg=3, p=2, ap=-4.0),
+             "forest": ForestSpec(column="x", others=["x2"], n_trees=5, max_depth=3, ap=-2.0),
+             "cross": CrossingSpec(left=FourierSpec(column="x2", m=2, s=2.0, ap=-1.0),
+                                   right=ForestSpec(column="x", n_trees=4, max_depth=2, ap=-2.0), ap=-3.0),
+             "dow": CategoricalSpec(column="dow", topo="difference", ap=-3.0)}
+    batch = build_batch(frame, ["x", "x2", "dow"], "y", "g", torch.float64)
+    design = AdditiveDesign(build_effects(specs, seed=2), ["x", "x2", "dow"], intercept=True,
+                            intercept_ap=-9.0).fit(batch)
+    assert batch.x.shape[1] < design.width  # N < D
+    reference = reference_coefficients(batch, design)
+    coefs = {}
+    for dual in (True, False):
+        plan = Plan(route="direct", reason="test", fit=ChunkPlan(1, 17, 0), predict=ChunkPlan(3, 17, 0),
+                    cache_design=False, budget=0, free=0, predicted_peak=0, dual=dual)
+        coef, _ = Dispatcher(design, DeviceManager("cpu"), plan, SolverConfig(), OomConfig(), OomLog()).fit(batch)
+        coefs[dual] = coef.numpy()
+    assert max_rel(coefs[True], reference) <= 1e-8
+    assert max_rel(coefs[True], coefs[False]) <= 1e-8

@@ -93,6 +93,23 @@ def test_route_rule_follows_the_waterfall_thresholds():
     assert capped.route(small, free=10**12)[0] == "cg"  # the user's limit caps the free memory
 
 
+def test_dual_form_when_a_group_has_fewer_rows_than_columns():
+    oracle = MemoryOracle(MemoryConfig(max_dense_dim=100), limit=None, on_gpu=False)
+    row = RowBytes(build=8 * 110, store=8 * 50, gram=0, apply=16)
+    wide = ProblemSize(n_groups=4, n_rows=80, width=500, itemsize=8, row=row, kernel_row=64, max_grid_rows=40)
+    # N = 80 <= max_dense_dim although D = 500 is not: the N x N system is direct
+    assert oracle.route(wide, free=10**9, dual=True)[0] == "direct"
+    assert oracle.route(wide, free=10**9, dual=False)[0] == "cg"
+    plan = oracle.plan(wide, free=10**9, dual=True)
+    assert plan.dual and plan.route == "direct" and plan.fit.groups == 1  # one N x N system at a time
+    # K, the float32 counts and one (G G') term, then K and its factor; all N rows and their whitened copies
+    n2 = 80 * 80
+    expected = max(n2 * 12 + max(4 * 80 * 40, n2 * 8), 2 * n2 * 8) + 80 * (8 * 50 + 64)
+    assert plan.fit_cost.fixed == expected
+    tall = ProblemSize(n_groups=4, n_rows=1000, width=50, itemsize=8, row=row)
+    assert not oracle.plan(tall, free=10**9, dual=True).dual  # N >= D: the primal system is smaller
+
+
 def test_tracker_charges_with_overhead_and_refuses_past_the_budget():
     from tamrun.memory.tracker import BudgetExceeded, MemoryTracker
 

@@ -157,6 +157,9 @@ class SolverConfig:
     # Cholesky retries multiply the jitter by jitter_growth, at most jitter_max_tries times.
     jitter_growth: float = 10.0
     jitter_max_tries: int = 4
+    # Direct route: when a group has fewer rows N than columns D, solve the N x N dual (kernel)
+    # system (Phi P~^-1 Phi' + n I) alpha = y, beta = P~^-1 Phi' alpha instead of the D x D one.
+    dual: bool = True
 
 
 @dataclass

@@ -113,6 +113,19 @@ class BlockPenalty:
                 out[:, b.start:b.start + b.width] = (part.unsqueeze(-1) * b.matrix).sum(dim=-2)
         return out
 
+    def solve(self, v: torch.Tensor, jitter: float) -> torch.Tensor:
+        """(P + jitter I)^-1 v for v (g, D), block by block (Cholesky of each block, or of a grid
+        block's (Q, Q) matrix once for all its R rows)."""
+        out = torch.empty_like(v)
+        for b in self.blocks:
+            eye = torch.eye(b.matrix.shape[0], dtype=b.matrix.dtype, device=b.matrix.device)
+            factor = torch.linalg.cholesky(b.matrix + jitter * eye)
+            part = v[:, b.start:b.start + b.width]
+            q = b.matrix.shape[0]
+            columns = part.reshape(-1, q).T  # (q, g R) for a grid block, (W, g) otherwise
+            out[:, b.start:b.start + b.width] = torch.cholesky_solve(columns, factor).T.reshape(part.shape)
+        return out
+
     def diagonal(self) -> torch.Tensor:
         """diag(P): (D,)."""
         parts = [b.matrix.diagonal().repeat(b.width // b.matrix.shape[0]) if b.grid else b.matrix.diagonal()

@@ -111,6 +111,7 @@ class AdditiveDesign:
             cols = self._index(effect)
             parts.append(effect.block(x[..., cols], z[..., cols]))
         dense = torch.cat(parts, dim=-1) if parts else x.new_zeros(x.shape[:-1] + (0,))
+        del parts  # the blocks live on in dense only
         if weight is not None:
             dense.mul_(weight.unsqueeze(-1))
         indexed, start = [], self.dense_width
@@ -160,23 +161,40 @@ class AdditiveDesign:
         return max(peak, 2 * self.dense_width)
 
     def row_bytes(self, itemsize: int) -> RowBytes:
-        """Per-row bytes (per group) of a chunk of this design, see `RowBytes`."""
-        features = len(self.columns)
-        build = (features + self.peak_row_width + 1) * itemsize
-        store = self.dense_width * itemsize
-        gram = 0
-        apply = 2 * itemsize
-        for effect in self.indexed_effects:
-            t, q = effect.slots, effect.grid_q
-            slot_bytes = t * INDEX_BYTES
-            build += effect.work_width * INDEX_BYTES + slot_bytes + (q + 1) * itemsize
-            store += 2 * slot_bytes + (q + 1) * itemsize  # leaf indices and their slot-major copy
-            apply += 2 * t * q * itemsize + 2 * slot_bytes + 2 * q * itemsize
-            gram += t * q * self.dense_width * itemsize * 2 + slot_bytes
-            for other in self.indexed_effects:
-                gram += t * other.slots * (2 * q * other.grid_q * itemsize + 3 * INDEX_BYTES)
-        return RowBytes(build, store, gram, apply)
+        """Per-row bytes (per group) of a chunk of this design, see `RowBytes`. With s = itemsize,
+        F features, Dd dense columns, and per indexed block T slots, Q columns per grid row, C columns:
 
+            build  max(dense phase (F + peak_row_width) s,
+                       (F + Dd) s + blocks kept so far + 2 C s (its columns, raw and scaled) + Q s (Q > 1)
+                       + max(leaf_index: 4T + T s + T, int32 leaves and flat index: 8T))
+            store  Dd s + per block 4T + Q s (flat index, row values), and for Q > 1 the CSR
+                   indicators O, O' (O' indices 4T, shared ones 8T)
+            apply  2 s + max(Dd s, per block (T + 4) s (Q = 1) or max(4 Q s, 24T: sorting O' once) (Q > 1))
+        """
+        s = itemsize
+        features, dd = len(self.columns), self.dense_width
+        build = (features + self.peak_row_width) * s
+        held = (features + dd) * s
+        store, apply, gram = dd * s, dd * s, 0
+        for effect in self.indexed_effects:
+            t, q, cols = effect.slots, effect.grid_q, len(effect.columns)
+            factor = q * s if q > 1 else 0
+            leaves = 4 * t + t * s + t
+            build = max(build, held + 2 * cols * s + factor + max(leaves, 8 * t))
+            kept = 4 * t + q * s + (12 * t if q > 1 else 0)
+            held += kept
+            store += kept
+            apply = max(apply, (t + 4) * s if q == 1 else max(4 * q * s, 24 * t))
+            gram += t * q * dd * s * 2 + t * INDEX_BYTES
+            for other in self.indexed_effects:
+                gram += t * other.slots * (2 * q * other.grid_q * s + 3 * INDEX_BYTES)
+        return RowBytes(build, store, gram, 2 * s + apply)
+
+    def kernel_row_bytes(self, itemsize: int) -> int:
+        """Per-row bytes of the dual route's whitened rows (`tamrun.solve.dual.KernelFeatures`) with
+        their concatenation temporaries, and the weighted target and alpha: (2 Dd + sum 2 Q + 2) s + sum 8 T."""
+        s = itemsize
+        return (2 * self.dense_width + 2) * s + sum(2 * e.grid_q * s + 8 * e.slots for e in self.indexed_effects)
 
 def needed_columns(effects: Sequence[Effect]) -> List[str]:
     """The feature columns the effects read, first-seen order."""

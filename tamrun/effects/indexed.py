@@ -5,20 +5,33 @@ the weights scale * weight[n] * factor[n, :] (factor = 1 and Q = 1 for a plain f
 
     Phi[n, r Q + q] = scale * weight[n] * sum_t 1[index[n, t] = r] * factor[n, q]
 
-The T active rows of one row n are distinct (each tree owns its own R / T rows), so
-    Phi v        : gather-sum                    (g, n)
-    Phi' u       : index_add / bincount          (g, R Q)
-    diag Phi'Phi : index_add of squares          (g, R Q)
-    Phi_a' Phi_b : scatter of products           (g, D_a, D_b)
-Shapes carry a leading group dimension g.
+i.e. Phi = diag-rows(values) applied to O V, with O the (n, R) 0/1 indicator of the T active grid
+rows (T ones per row) and V the (R, Q) coefficient grid. The T active rows of one row n are distinct
+(each tree owns its own R / T rows), so
+    Phi v        : Q = 1: gather-sum of v over the T indices;  Q > 1: rowsum(values o (O V))   (g, n)
+    Phi' u       : Q = 1: bincount;  Q > 1: O' (values o u)                                     (g, R Q)
+    diag Phi'Phi : O' (values^2)                                                                (g, R Q)
+    Phi_a' Phi_b : scatter of products over the slot pairs                                      (g, D_a, D_b)
+O and O' are sparse CSR matrices over the stacked groups (block diagonal, built once per chunk and
+shared by all products): each output row sums its terms in a fixed order, so a group's result is
+bitwise the same whatever other groups share its chunk. Shapes carry a leading group dimension g.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 import torch
+
+
+def _csr(crow: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    """A CSR matrix from arrays built here (valid by construction: no invariant check), without the
+    warning that torch's CSR support is in beta."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+        return torch.sparse_csr_tensor(crow, columns, values, size=size, check_invariants=False)
 
 
 @dataclass
@@ -30,76 +43,88 @@ class IndexedBlock:
     scale: float
     factor: Optional[torch.Tensor] = None  # (g, n, Q), None for Q = 1
     weight: Optional[torch.Tensor] = None  # (g, n) row weights (0 for padding), None for 1
-    flat: torch.Tensor = field(init=False, repr=False)
+    flat: torch.Tensor = field(init=False, repr=False)  # (g n, T) rows of the stacked (g R) grid rows
     shape: Tuple[int, int, int] = field(init=False)
+    _q: int = field(init=False)
+    _values: Optional[torch.Tensor] = field(default=None, init=False, repr=False)  # row_values()
+    _indicator: Optional[torch.Tensor] = field(default=None, init=False, repr=False)  # O, (g n, g R) CSR
+    _indicator_t: Optional[torch.Tensor] = field(default=None, init=False, repr=False)  # O', (g R, g n) CSR
 
     def __post_init__(self) -> None:
-        """Index the (g R) rows of the stacked grids: row-major (g n, T) for Q = 1 (a row's T leaves
-        side by side, summed by one reduction over the last dimension), slot-major (T, g n) for Q > 1
-        (one contiguous index per slot)."""
+        """Index the (g R) rows of the stacked grids, row-major (g n, T): int32 when g R < 2^31."""
         g, n, t = self.index.shape
         self.shape = (g, n, t)
-        # int32 (half the bytes, faster gathers) where it fits, for Q = 1; index_add_ of (g n, Q) rows
-        # is several times slower with an int32 index, so Q > 1 keeps int64
-        dtype = torch.int32 if self.q == 1 and g * self.n_rows_grid < 2**31 else torch.int64
+        self._q = 1 if self.factor is None else self.factor.shape[-1]
+        dtype = torch.int32 if g * self.n_rows_grid < 2**31 else torch.int64
         offsets = torch.arange(g, device=self.index.device, dtype=dtype).view(g, 1, 1) * self.n_rows_grid
-        flat = self.index.to(dtype) + offsets
-        self.flat = flat.reshape(g * n, t) if self.q == 1 else flat.permute(2, 0, 1).reshape(t, g * n).contiguous()
+        self.flat = (self.index.to(dtype) + offsets).view(g * n, t)
         self.index = None  # the flat form is all the products need
 
     @property
     def q(self) -> int:
-        return 1 if self.factor is None else self.factor.shape[-1]
+        return self._q
 
     @property
     def width(self) -> int:
         return self.n_rows_grid * self.q
 
     def local_index(self) -> torch.Tensor:
-        """(g, n, T) int64 in [0, R) (the Gram route and tests)."""
+        """(g, n, T) int64 in [0, R) (the Gram route, the dual route and tests)."""
         g, n, t = self.shape
-        flat = self.flat.long().reshape(g, n, t) if self.q == 1 else self.flat.long().reshape(t, g, n).permute(1, 2, 0)
-        return flat - torch.arange(g, device=flat.device).view(g, 1, 1) * self.n_rows_grid
+        offsets = torch.arange(g, device=self.flat.device).view(g, 1, 1) * self.n_rows_grid
+        return self.flat.long().view(g, n, t) - offsets
 
     def row_values(self) -> torch.Tensor:
-        """(g, n, Q): scale * weight[n] * factor[n, :]."""
-        g, n = self.shape[:2]
-        dtype = self.factor.dtype if self.factor is not None else (self.weight.dtype if self.weight is not None
-                                                                   else torch.float64)
-        values = (self.factor if self.factor is not None
-                  else torch.ones(g, n, 1, dtype=dtype, device=self.flat.device)) * self.scale
-        return values * self.weight.unsqueeze(-1) if self.weight is not None else values
+        """(g, n, Q): scale * weight[n] * factor[n, :], computed once (set ``weight`` before the first
+        product); the factor is released in favour of it."""
+        if self._values is None:
+            g, n = self.shape[:2]
+            dtype = self.factor.dtype if self.factor is not None else (self.weight.dtype if self.weight is not None
+                                                                       else torch.float64)
+            values = (self.factor if self.factor is not None
+                      else torch.ones(g, n, 1, dtype=dtype, device=self.flat.device)) * self.scale
+            self._values = values * self.weight.unsqueeze(-1) if self.weight is not None else values
+            self.factor = None
+        return self._values
 
-    def _slot(self, slot: int) -> torch.Tensor:
-        """(g n,) grid rows of one slot."""
-        return self.flat[:, slot] if self.q == 1 else self.flat[slot]
+    def _indicators(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """O (g n, g R) and O' (g R, g n) as CSR matrices with one shared tensor of ones as values."""
+        if self._indicator is None or self._indicator.dtype != dtype:
+            g, n, t = self.shape
+            rows, grid_rows, index = g * n, g * self.n_rows_grid, self.flat.reshape(-1)
+            ones = torch.ones(index.numel(), dtype=dtype, device=index.device)
+            crow = torch.arange(0, rows * t + 1, t, dtype=index.dtype, device=index.device)
+            self._indicator = _csr(crow, index, ones, (rows, grid_rows))
+            order = torch.argsort(index, stable=True)  # by grid row, data rows ascending within each
+            counts = torch.bincount(index, minlength=grid_rows)
+            crow_t = torch.zeros(grid_rows + 1, dtype=index.dtype, device=index.device)
+            torch.cumsum(counts, 0, out=crow_t[1:])
+            columns = torch.div(order, t, rounding_mode="floor").to(index.dtype)
+            del order, counts
+            self._indicator_t = _csr(crow_t, columns, ones, (grid_rows, rows))
+        return self._indicator, self._indicator_t
 
     def _scatter_rows(self, source: torch.Tensor) -> torch.Tensor:
-        """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, Q) -> (g, R Q). Each out[r]
-        receives its terms in row order whatever the chunk holds (bitwise the same per group)."""
+        """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, K) -> (g, R K), each out[r]
+        summed in row order (bitwise the same per group in any chunk)."""
         g, n, t = self.shape
-        q = source.shape[-1]
-        if q == 1 and self.q == 1:  # one bincount over all (row, slot) pairs
+        k = source.shape[-1]
+        if k == 1:  # one bincount over all (row, slot) pairs
             weights = source.reshape(g * n, 1).expand(g * n, t).reshape(-1)
             out = torch.bincount(self.flat.reshape(-1), weights=weights, minlength=g * self.n_rows_grid)
             return out.to(source.dtype).view(g, self.n_rows_grid)
-        out = torch.zeros(g * self.n_rows_grid, q, dtype=source.dtype, device=source.device)
-        rows = source.reshape(g * n, q)
-        for slot in range(t):  # one row-wise add per slot: no (T, g n, Q) temporary
-            out.index_add_(0, self._slot(slot), rows)
-        return out.view(g, self.n_rows_grid * q)
+        _, indicator_t = self._indicators(source.dtype)
+        return (indicator_t @ source.reshape(g * n, k)).view(g, self.n_rows_grid * k)
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """v (g, R Q) -> Phi v (g, n). A row's T terms are summed in slot order whatever the chunk
-        holds (a group's result is bitwise the same in any chunk of groups)."""
+        """v (g, R Q) -> Phi v (g, n), each row's terms summed in slot order (bitwise the same per
+        group in any chunk)."""
         g, n, t = self.shape
         if self.q == 1:
             picked = v.reshape(-1).index_select(0, self.flat.reshape(-1)).view(g * n, t).sum(dim=-1)
             return picked.view(g, n) * self.row_values()[..., 0]
-        grid = v.reshape(g * self.n_rows_grid, self.q)
-        picked = grid.index_select(0, self._slot(0))
-        for slot in range(1, t):
-            picked += grid.index_select(0, self._slot(slot))
+        indicator, _ = self._indicators(v.dtype)
+        picked = indicator @ v.reshape(g * self.n_rows_grid, self.q)  # (g n, Q): sum over the T grid rows
         return (picked.view(g, n, self.q) * self.row_values()).sum(dim=-1)
 
     def rmatvec(self, u: torch.Tensor) -> torch.Tensor:

@@ -7,12 +7,16 @@ their temporaries), store (what a cached row keeps), gram (the direct route's sc
 for indexed blocks), apply (one product Phi v or Phi' u). Per group:
 
     direct          fixed (2 D^2 + 4 D) s            Gram + rhs, Cholesky factor, solution
-                    per row build + gram
-    cg, cached      fixed (8 D + 2 K) s + N store    CG vectors, block-Jacobi blocks (K = Dd^2 if Dd <= 512,
+                    per row max(build, store + max(gram, apply))
+    direct, dual    fixed max(N^2 (s + 4) + max(4 N R, N^2 s), 2 N^2 s) + N (store + kernel)
+                    (N < D: the N x N kernel K, the leaf co-occurrence counts (float32) and one
+                    block's term or its N x R leaf indicator, then K and its factor; all N rows of
+                    the group kept, with their whitened copies); per row build; one group per chunk
+    cg, cached      fixed (8 D + 3 K) s + N store    CG vectors, block-Jacobi blocks (K = Dd^2 if Dd <= 512,
                                                      plus R Q^2 per forest crossing); W Phi kept between iterations
                     per row max(build - store, apply) the chunk being built becomes part of the cache
-    cg, rebuilt     fixed (8 D + 2 K) s, per row build + apply
-    predict         fixed D s, per row build + apply + s; plus the (G, N) predictions
+    cg, rebuilt     fixed (8 D + 3 K) s, per row build + apply
+    predict         fixed D s, per row max(build, store + apply) + s; plus the (G, N) predictions
 
 A step's footprint is g * (fixed + r * per row), times the overhead factor (default 1.1).
 """
@@ -35,6 +39,8 @@ class ProblemSize:
     row: RowBytes = field(default_factory=lambda: RowBytes(0, 0, 0, 0))
     n_predict_rows: int = 0
     preconditioner_elements: int = 0  # per group: the blocks block-Jacobi inverts (Dd^2 + sum R Q^2)
+    kernel_row: int = 0  # bytes per row of the dual route's whitened rows (`AdditiveDesign.kernel_row_bytes`)
+    max_grid_rows: int = 0  # the largest R among the indexed blocks (the dual's leaf indicator is N x R)
 
 
 def dense_system_bytes(p: ProblemSize) -> int:
@@ -42,15 +48,23 @@ def dense_system_bytes(p: ProblemSize) -> int:
     return (2 * p.width * p.width + 4 * p.width) * p.itemsize
 
 
+def dual_system_bytes(p: ProblemSize) -> int:
+    """Bytes of one group's dual (kernel) system and its rows, see the module docstring."""
+    n2 = p.n_rows * p.n_rows
+    indexed_phase = n2 * (p.itemsize + 4) + max(4 * p.n_rows * p.max_grid_rows, n2 * p.itemsize)
+    return max(indexed_phase, 2 * n2 * p.itemsize) + p.n_rows * (p.row.store + p.kernel_row)
+
+
 def direct_row_bytes(p: ProblemSize) -> int:
-    """Bytes per row of a direct-route chunk, per group."""
-    return p.row.build + p.row.gram
+    """Bytes per row of a direct-route chunk, per group: building it, or the built chunk and the
+    temporaries of its Gram or of Phi' y."""
+    return max(p.row.build, p.row.store + max(p.row.gram, p.row.apply))
 
 
 def cg_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's CG state: rhs, x, r, z, p, Ap, the Jacobi diagonal, a spare, and the
-    block-Jacobi blocks with their Cholesky factors."""
-    return (8 * p.width + 2 * p.preconditioner_elements) * p.itemsize
+    block-Jacobi blocks (their Gram, Cholesky factor and inverse while they are set up)."""
+    return (8 * p.width + 3 * p.preconditioner_elements) * p.itemsize
 
 
 def cg_cache_bytes(p: ProblemSize) -> int:
@@ -64,8 +78,8 @@ def cg_row_bytes(p: ProblemSize, cached: bool) -> int:
 
 
 def predict_row_bytes(p: ProblemSize) -> int:
-    """Bytes per predicted row, per group."""
-    return p.row.build + p.row.apply + p.itemsize
+    """Bytes per predicted row, per group: building the chunk, or the chunk and one product, and the row's prediction."""
+    return max(p.row.build, p.row.store + p.row.apply) + p.itemsize
 
 
 def predict_output_bytes(p: ProblemSize) -> int:

@@ -1,7 +1,8 @@
 """The memory oracle: applies the waterfall (DESIGN.md section 4) to the byte footprints.
 
-Step 1 picks the route: dense direct if D <= max_dense_dim and one group's dense system (plus a
-one-row chunk) fits in dense_fraction of the free memory, else matrix-free CG.
+Step 1 picks the route: dense direct if the dense system's dimension (D, or N in the dual form when
+a group has fewer rows N than columns D and solver.dual is on) is <= max_dense_dim and one group's
+dense system (plus a one-row chunk) fits in dense_fraction of the free memory, else matrix-free CG.
 Step 2 picks the chunks: the largest (groups, rows) whose footprint fits in chunk_fraction of the
 free memory (GPU 0.9, CPU 0.7). A user limit caps the free memory in both steps.
 """
@@ -15,7 +16,8 @@ from typing import Optional, Tuple
 from tamrun.config.schema import MemoryConfig
 from tamrun.errors import MemoryBudgetError
 from tamrun.memory.footprint import (ProblemSize, cg_cache_bytes, cg_row_bytes, cg_system_bytes, dense_system_bytes,
-                                     direct_row_bytes, predict_output_bytes, predict_row_bytes, step_bytes)
+                                     direct_row_bytes, dual_system_bytes, predict_output_bytes, predict_row_bytes,
+                                     step_bytes)
 from tamrun.memory.units import format_size
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Plan:
     overhead: float = 1.1
     chunk_fraction: float = 0.7
     predict_output: int = 0  # bytes of the (G, N) predictions, held through the predict step
+    dual: bool = False  # direct route in the dual form: one N x N system per group (N < D)
 
     @property
     def plan_limit(self) -> int:
@@ -70,8 +73,9 @@ class Plan:
 
     def describe(self) -> str:
         """The plan as a few human-readable lines."""
+        form = ", dual form: one N x N kernel system per group" if self.dual else ""
         return "\n".join([
-            f"route: {self.route} ({self.reason})",
+            f"route: {self.route} ({self.reason}{form})",
             f"fit chunks: {self.fit.groups} groups x {self.fit.rows} rows ({format_size(self.fit.bytes)})"
             + (", W Phi cached between CG iterations" if self.cache_design else ""),
             f"predict chunks: {self.predict.groups} groups x {self.predict.rows} rows ({format_size(self.predict.bytes)})",
@@ -134,13 +138,21 @@ class MemoryOracle:
         """Free memory seen through the user's limit."""
         return free if self.limit is None else min(free, self.limit)
 
-    def dense_bytes(self, size: ProblemSize) -> int:
-        """One group's dense system plus a one-row chunk, with the overhead."""
-        return step_bytes(1, 1, dense_system_bytes(size), direct_row_bytes(size), self.cfg.overhead_factor)
+    @staticmethod
+    def dual_form(size: ProblemSize, dual: bool) -> bool:
+        """Whether the direct route solves the N x N dual system (fewer rows than columns)."""
+        return dual and size.n_rows < size.width
 
-    def costs(self, size: ProblemSize, route: str, cache: bool) -> Tuple[StepCost, StepCost]:
+    def dense_bytes(self, size: ProblemSize, dual: bool = False) -> int:
+        """One group's dense system (primal D x D, or dual N x N) plus a one-row chunk, with the overhead."""
+        fixed = dual_system_bytes(size) if self.dual_form(size, dual) else dense_system_bytes(size)
+        return step_bytes(1, 1, fixed, direct_row_bytes(size), self.cfg.overhead_factor)
+
+    def costs(self, size: ProblemSize, route: str, cache: bool, dual: bool = False) -> Tuple[StepCost, StepCost]:
         """(fit, predict) per-group costs of a route."""
-        if route == "direct":
+        if route == "direct" and self.dual_form(size, dual):
+            fit = StepCost(dual_system_bytes(size), size.row.build)
+        elif route == "direct":
             fit = StepCost(dense_system_bytes(size), direct_row_bytes(size))
         else:
             fit = StepCost(cg_system_bytes(size) + (cg_cache_bytes(size) if cache else 0), cg_row_bytes(size, cache))
@@ -150,47 +162,56 @@ class MemoryOracle:
         """The (G, N) predictions, with the overhead."""
         return int(self.cfg.overhead_factor * predict_output_bytes(size))
 
-    def minimal_limit(self, size: ProblemSize) -> int:
+    def minimal_limit(self, size: ProblemSize, dual: bool = False) -> int:
         """The smallest memory.limit with which some route can plan one group, one row per chunk."""
         overhead = self.cfg.overhead_factor
         _, predict = self.costs(size, "cg", cache=False)
         smallest_predict = (predict.bytes(1, 1, overhead) + self.predict_output_bytes(size)) / self.chunk_fraction
         cg_fit, _ = self.costs(size, "cg", cache=False)
         cg = cg_fit.bytes(1, 1, overhead) / self.chunk_fraction
-        direct_fit, _ = self.costs(size, "direct", cache=False)
-        direct = max(direct_fit.bytes(1, 1, overhead) / self.chunk_fraction, self.dense_bytes(size) / self.cfg.dense_fraction)
-        if size.width > self.cfg.max_dense_dim:
+        direct_fit, _ = self.costs(size, "direct", cache=False, dual=dual)
+        direct = max(direct_fit.bytes(1, 1, overhead) / self.chunk_fraction,
+                     self.dense_bytes(size, dual) / self.cfg.dense_fraction)
+        if self.system_dim(size, dual) > self.cfg.max_dense_dim:
             direct = float("inf")
         return int(max(min(cg, direct), smallest_predict)) + 1
 
-    def route(self, size: ProblemSize, free: int, requested: str = "auto") -> Tuple[str, str]:
+    def system_dim(self, size: ProblemSize, dual: bool) -> int:
+        """The dense system's dimension: N in the dual form, else D."""
+        return size.n_rows if self.dual_form(size, dual) else size.width
+
+    def route(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False) -> Tuple[str, str]:
         """(route, reason) per waterfall step 1, unless ``requested`` forces one."""
         if requested in ("direct", "cg"):
             return requested, f"solver.name={requested}"
-        dense = self.dense_bytes(size)
+        dense = self.dense_bytes(size, dual)
         room = self.cfg.dense_fraction * self.capped_free(free)
-        if size.width > self.cfg.max_dense_dim:
-            return "cg", f"D={size.width} > memory.max_dense_dim={self.cfg.max_dense_dim}"
+        dim = self.system_dim(size, dual)
+        name = f"N={dim} (dual form, D={size.width})" if self.dual_form(size, dual) else f"D={dim}"
+        if dim > self.cfg.max_dense_dim:
+            return "cg", f"{name} > memory.max_dense_dim={self.cfg.max_dense_dim}"
         if dense >= room:
             return "cg", (f"one dense system needs {format_size(dense)} >= memory.dense_fraction x free "
                           f"= {format_size(room)}")
-        return "direct", f"D={size.width} <= {self.cfg.max_dense_dim} and one dense system needs {format_size(dense)}"
+        return "direct", f"{name} <= {self.cfg.max_dense_dim} and one dense system needs {format_size(dense)}"
 
-    def plan(self, size: ProblemSize, free: int, requested: str = "auto") -> Plan:
+    def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False) -> Plan:
         """The whole plan: route, fit chunks, predict chunks, the predicted peak and the minimal limit.
+        ``dual``: the direct route may take the dual form (solver.dual).
 
         Raises:
             MemoryBudgetError: even the smallest chunk does not fit (the message gives the minimal limit).
         """
-        route, reason = self.route(size, free, requested)
+        route, reason = self.route(size, free, requested, dual)
+        dual = route == "direct" and self.dual_form(size, dual)
         budget = int(self.chunk_fraction * self.capped_free(free))
         overhead, max_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows
-        minimal = self.minimal_limit(size)
+        minimal = self.minimal_limit(size, dual)
         cache = route == "cg"
-        fit_cost, predict_cost = self.costs(size, route, cache)
-        try:
-            fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
-                             max_rows, "fit", minimal, self.limit)
+        fit_cost, predict_cost = self.costs(size, route, cache, dual)
+        try:  # the dual form solves one group at a time
+            fit = pick_chunk(1 if dual else size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget,
+                             overhead, max_rows, "fit", minimal, self.limit)
         except MemoryBudgetError:
             if not cache:
                 raise
@@ -206,7 +227,7 @@ class MemoryOracle:
         plan = Plan(route=route, reason=reason, fit=fit, predict=predict, cache_design=cache, budget=budget,
                     free=free, predicted_peak=max(fit.bytes, predict.bytes), minimal_limit=minimal,
                     fit_cost=fit_cost, predict_cost=predict_cost, overhead=overhead,
-                    chunk_fraction=self.chunk_fraction, predict_output=output)
+                    chunk_fraction=self.chunk_fraction, predict_output=output, dual=dual)
         log.info("memory plan: route=%s (%s); fit chunk %d groups x %d rows; predict chunk %d x %d; "
                  "predicted peak %s of budget %s", route, reason, fit.groups, fit.rows, predict.groups,
                  predict.rows, format_size(plan.predicted_peak), format_size(budget))

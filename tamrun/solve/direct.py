@@ -16,6 +16,12 @@ class DirectStats:
     lu_fallback_groups: int = 0  # groups solved by LU after Cholesky kept failing
 
 
+def triangular_pair_solve(factor: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(L L')^-1 b by two triangular solves (several times faster than torch.cholesky_solve on the CPU
+    for a few right-hand sides): factor (..., D, D) lower, b (..., D, k)."""
+    return torch.linalg.solve_triangular(factor.mT, torch.linalg.solve_triangular(factor, b, upper=False), upper=True)
+
+
 def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: float = 10.0,
                    max_tries: int = 4) -> tuple:
     """Solve a x = b for a batch of SPD matrices.
@@ -45,7 +51,7 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: floa
         retry, retry_info = torch.linalg.cholesky_ex(a[idx] + extra * eye)
         factor[idx] = retry
         failed[idx] = retry_info > 0
-    x = torch.cholesky_solve(b.unsqueeze(-1), factor).squeeze(-1)
+    x = triangular_pair_solve(factor, b.unsqueeze(-1)).squeeze(-1)
     if bool(failed.any()):
         idx = failed.nonzero().squeeze(-1)
         stats.lu_fallback_groups = int(idx.numel())

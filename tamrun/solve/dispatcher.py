@@ -3,7 +3,8 @@ the memory tracker and the OOM guard, and hands them to the solver the oracle ch
 
 Per group g with n_g real rows, weights w in {0, 1} (padding has w = 0):
     A_g = Phi_g' W Phi_g / n_g + P + jitter I,     b_g = Phi_g' W y_g / n_g
-direct: A_g accumulated over row chunks, then batched Cholesky.
+direct: A_g accumulated over row chunks, then batched Cholesky; or, in the dual form (n_g < D), the
+        N x N kernel system of `tamrun.solve.dual`, one group at a time.
 cg:     A_g v = (W Phi_g)' (W Phi_g v) / n_g + P v + jitter v, with W Phi_g kept (if the plan allows)
         or rebuilt chunk by chunk at each product; Jacobi preconditioner diag(A_g).
 A step that runs out of memory (or would exceed the tracker's budget) is retried with fewer groups.
@@ -27,6 +28,7 @@ from tamrun.memory.oracle import Plan
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.solve.cg import DEFAULT_TOL, conjugate_gradient
 from tamrun.solve.direct import cholesky_solve
+from tamrun.solve.dual import dual_coefficients
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ class Dispatcher:
         stats = FitStats(route=self.plan.route, group_chunk=self.plan.fit.groups, row_chunk=self.plan.fit.rows)
         coef = torch.empty(len(batch.groups), self.design.width, dtype=batch.x.dtype)
         penalty = self.design.penalty_operator().to(self.devices.device, batch.x.dtype)
-        solve = self._fit_direct if self.plan.route == "direct" else self._fit_cg
+        solve = self._fit_cg if self.plan.route == "cg" else self._fit_dual if self.plan.dual else self._fit_direct
 
         def step(start: int, size: int) -> None:
             groups = slice(start, start + size)
@@ -147,6 +149,17 @@ class Dispatcher:
         stats.lu_fallback_groups += direct.lu_fallback_groups
         return coef
 
+    def _fit_dual(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty, stats: FitStats) -> torch.Tensor:
+        """The direct route in the dual form (`tamrun.solve.dual`): all rows of the groups at once."""
+        parts = [self._chunk(batch, groups, slice(r0, r1)) for r0, r1 in _spans(batch.x.shape[1], self.plan.fit.rows)]
+        weighted_y = torch.cat([y for _, y in parts], dim=1)
+        coef, direct = dual_coefficients([chunk for chunk, _ in parts], penalty, weighted_y,
+                                         self._system_scale(batch, groups), self.solver.jitter,
+                                         self.solver.jitter_growth, self.solver.jitter_max_tries)
+        stats.jitter_escalations = max(stats.jitter_escalations, direct.jitter_escalations)
+        stats.lu_fallback_groups += direct.lu_fallback_groups
+        return coef
+
     def _fit_cg(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty, stats: FitStats) -> torch.Tensor:
         spans = [slice(r0, r1) for r0, r1 in _spans(batch.x.shape[1], self.plan.fit.rows)]
         n = self._system_scale(batch, groups).view(-1, 1)
@@ -176,7 +189,12 @@ class Dispatcher:
                 add_gram_(dense_gram, chunk.dense)
             if blocked:
                 grams = chunk.grid_grams()
-                grid_grams = grams if grid_grams is None else [a + b for a, b in zip(grid_grams, grams)]
+                if grid_grams is None:
+                    grid_grams = grams
+                else:
+                    for total, part in zip(grid_grams, grams):
+                        total += part
+                del grams
         rhs /= n
         diag = diag / n + penalty.diagonal() + self.solver.jitter
         dense_block = dense_gram / n.unsqueeze(-1) + penalty.leading(dd)
@@ -190,6 +208,7 @@ class Dispatcher:
 
         tol = self.solver.tol if self.solver.tol is not None else DEFAULT_TOL[rhs.dtype]
         grid_blocks = self._grid_blocks(grid_grams or [], penalty, n)
+        del grid_grams
         result = conjugate_gradient(matvec, rhs, self._preconditioner(diag, dense_block, grid_blocks), tol,
                                     self.solver.max_iter)
         stats.cg_iterations = max(stats.cg_iterations, int(result.iterations.max()))
@@ -201,20 +220,21 @@ class Dispatcher:
 
     def _grid_blocks(self, grid_grams: List[torch.Tensor], penalty: BlockPenalty,
                      n: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
-        """Cholesky factors of the per-leaf (Q, Q) blocks of A for indexed blocks with Q > 1:
-        [(first column, factor (g, R, Q, Q))]."""
+        """Inverses of the per-leaf (Q, Q) blocks of A for indexed blocks with Q > 1, from their
+        Cholesky factors: [(first column, inverse (g, R, Q, Q))]."""
         out = []
         grid_penalties = [b for b in penalty.blocks if b.grid]
         for gram, (start, width), pen in zip(grid_grams, self._indexed_spans(), grid_penalties):
             if gram.numel() == 0:
                 continue
-            block = gram / n.view(-1, 1, 1, 1) + pen.matrix
+            block = gram.div_(n.view(-1, 1, 1, 1)).add_(pen.matrix)  # in place: the Gram is not needed after
             block.diagonal(dim1=-2, dim2=-1).add_(self.solver.jitter)
             factor, info = torch.linalg.cholesky_ex(block)
+            del block
             if bool((info > 0).any()):
                 log.warning("a leaf block is not positive definite: Jacobi on its columns")
                 continue
-            out.append((start, factor))
+            out.append((start, torch.cholesky_inverse(factor)))
         return out
 
     def _indexed_spans(self) -> List[Tuple[int, int]]:
@@ -236,21 +256,26 @@ class Dispatcher:
         if kind == "jacobi":
             return lambda r: r * inverse_diagonal
         dd = dense_block.shape[-1]
-        factor = None
+        dense_inverse = None
         if 0 < dd <= self.solver.block_max_dim:
             factor, info = torch.linalg.cholesky_ex(dense_block)
             if bool((info > 0).any()):
                 log.warning("the dense block is not positive definite: Jacobi on its columns")
-                factor = None
+            else:
+                dense_inverse = torch.cholesky_inverse(factor)
 
+        # Explicit block inverses (a preconditioner needs no more accuracy; products are several times
+        # faster than triangular solves). The dense block is applied elementwise (a batched product of
+        # one vector per group takes a different path for a chunk of one group; see effects/chunk.py);
+        # the many small leaf blocks go through the batched product's per-element loop.
         def apply(r: torch.Tensor) -> torch.Tensor:
             out = r * inverse_diagonal
-            if factor is not None:
-                out[:, :dd] = torch.cholesky_solve(r[:, :dd].unsqueeze(-1), factor).squeeze(-1)
-            for start, leaf_factor in grid_blocks:
-                g, rows, q = leaf_factor.shape[:3]
+            if dense_inverse is not None:
+                out[:, :dd] = (dense_inverse * r[:, None, :dd]).sum(dim=-1)
+            for start, leaf_inverse in grid_blocks:
+                g, rows, q = leaf_inverse.shape[:3]
                 part = r[:, start:start + rows * q].reshape(g, rows, q, 1)
-                out[:, start:start + rows * q] = torch.cholesky_solve(part, leaf_factor).reshape(g, rows * q)
+                out[:, start:start + rows * q] = (leaf_inverse @ part).reshape(g, rows * q)
             return out
 
         return apply
