@@ -29,7 +29,7 @@ from tamrun.effects.design import AdditiveDesign, needed_columns
 from tamrun.effects.registry import build_effects
 from tamrun.errors import DataError
 from tamrun.evaluate import predictions_table
-from tamrun.memory.footprint import ProblemSize
+from tamrun.memory.footprint import ProblemSize, leaf_count_bytes
 from tamrun.memory.guard import OomLog, oom_settings
 from tamrun.memory.oracle import MemoryOracle, Plan
 from tamrun.memory.tracker import MemoryTracker
@@ -122,10 +122,12 @@ def problem_size(features: Features, n_predict_rows: int = 0, config: Optional[C
     if config is not None and config.solver.preconditioner.value == "block_jacobi":
         blocks = design.dense_width ** 2 if design.dense_width <= config.solver.block_max_dim else 0
         blocks += sum(e.width * e.grid_q for e in design.indexed_effects if e.grid_q > 1)  # R Q^2
+    dense_max = config.solver.dual_dense_counts_max if config is not None else 0
+    count_bytes = max((leaf_count_bytes(train.x.shape[1], e.slots, e.width // e.grid_q, dense_max)
+                       for e in design.indexed_effects), default=0)
     return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width, itemsize=itemsize,
                        row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_elements=blocks,
-                       kernel_row=design.kernel_row_bytes(itemsize),
-                       max_grid_rows=max((e.width // e.grid_q for e in design.indexed_effects), default=0))
+                       kernel_row=design.kernel_row_bytes(itemsize), count_bytes=count_bytes)
 
 
 def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0) -> Plan:

@@ -159,10 +159,23 @@ def test_dual_form_matches_the_primal_and_the_dense_reference():
     assert batch.x.shape[1] < design.width  # N < D
     reference = reference_coefficients(batch, design)
     coefs = {}
-    for dual in (True, False):
+    for dual, counts_max in ((True, 4096), (True, 0), (False, 4096)):  # dense and sparse leaf counts
         plan = Plan(route="direct", reason="test", fit=ChunkPlan(1, 17, 0), predict=ChunkPlan(3, 17, 0),
                     cache_design=False, budget=0, free=0, predicted_peak=0, dual=dual)
-        coef, _ = Dispatcher(design, DeviceManager("cpu"), plan, SolverConfig(), OomConfig(), OomLog()).fit(batch)
-        coefs[dual] = coef.numpy()
-    assert max_rel(coefs[True], reference) <= 1e-8
-    assert max_rel(coefs[True], coefs[False]) <= 1e-8
+        solver = SolverConfig(dual_dense_counts_max=counts_max)
+        coef, _ = Dispatcher(design, DeviceManager("cpu"), plan, solver, OomConfig(), OomLog()).fit(batch)
+        coefs[dual, counts_max] = coef.numpy()
+    for counts_max in (4096, 0):
+        assert max_rel(coefs[True, counts_max], reference) <= 1e-8
+        assert max_rel(coefs[True, counts_max], coefs[False, 4096]) <= 1e-8
+
+
+@pytest.mark.parametrize("dense_max", [0, 10_000])
+def test_leaf_counts_dense_and_sparse_equal_the_pairwise_count(dense_max):
+    from tamrun.solve.dual import leaf_counts
+
+    rng = np.random.default_rng(3)
+    leaves = rng.integers(0, 4, size=(37, 5)) + 4 * np.arange(5)  # 5 trees of 4 leaves each
+    expected = (leaves[:, None, :] == leaves[None, :, :]).sum(-1)  # explicit pairwise comparison
+    counts = leaf_counts(torch.as_tensor(leaves), 20, dense_max, block_rows=8)
+    np.testing.assert_array_equal(counts.numpy(), expected)

@@ -8,7 +8,7 @@ import torch
 from tamrun.config.schema import MemoryConfig, OomConfig
 from tamrun.errors import ConfigError, MemoryBudgetError
 from tamrun.effects.design import RowBytes
-from tamrun.memory.footprint import ProblemSize, dense_system_bytes, direct_row_bytes
+from tamrun.memory.footprint import ProblemSize, dense_system_bytes, direct_row_bytes, leaf_count_bytes
 from tamrun.memory.guard import OomLog, oom_settings, retry_on_oom
 from tamrun.memory.oracle import MemoryOracle, pick_chunk
 from tamrun.memory.units import parse_size
@@ -96,7 +96,8 @@ def test_route_rule_follows_the_waterfall_thresholds():
 def test_dual_form_when_a_group_has_fewer_rows_than_columns():
     oracle = MemoryOracle(MemoryConfig(max_dense_dim=100), limit=None, on_gpu=False)
     row = RowBytes(build=8 * 110, store=8 * 50, gram=0, apply=16)
-    wide = ProblemSize(n_groups=4, n_rows=80, width=500, itemsize=8, row=row, kernel_row=64, max_grid_rows=40)
+    wide = ProblemSize(n_groups=4, n_rows=80, width=500, itemsize=8, row=row, kernel_row=64,
+                       count_bytes=leaf_count_bytes(80, 5, 40, dense_max=4096))
     # N = 80 <= max_dense_dim although D = 500 is not: the N x N system is direct
     assert oracle.route(wide, free=10**9, dual=True)[0] == "direct"
     assert oracle.route(wide, free=10**9, dual=False)[0] == "cg"

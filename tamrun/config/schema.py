@@ -160,6 +160,9 @@ class SolverConfig:
     # Direct route: when a group has fewer rows N than columns D, solve the N x N dual (kernel)
     # system (Phi P~^-1 Phi' + n I) alpha = y, beta = P~^-1 Phi' alpha instead of the D x D one.
     dual: bool = True
+    # Dual form: the leaf co-occurrence counts of a forest block with at most this many leaves (R)
+    # come from a dense float32 product of its N x R leaf indicator, else from a sparse product.
+    dual_dense_counts_max: int = 4096
 
 
 @dataclass

@@ -8,9 +8,9 @@ for indexed blocks), apply (one product Phi v or Phi' u). Per group:
 
     direct          fixed (2 D^2 + 4 D) s            Gram + rhs, Cholesky factor, solution
                     per row max(build, store + max(gram, apply))
-    direct, dual    fixed max(N^2 (s + 4) + max(4 N R, N^2 s), 2 N^2 s) + N (store + kernel)
+    direct, dual    fixed max(N^2 (s + 4) + max(counts, N^2 s), 2 N^2 s) + N (store + kernel)
                     (N < D: the N x N kernel K, the leaf co-occurrence counts (float32) and one
-                    block's term or its N x R leaf indicator, then K and its factor; all N rows of
+                    block's term or the counts' temporaries, then K and its factor; all N rows of
                     the group kept, with their whitened copies); per row build; one group per chunk
     cg, cached      fixed (8 D + 3 K) s + N store    CG vectors, block-Jacobi blocks (K = Dd^2 if Dd <= 512,
                                                      plus R Q^2 per forest crossing); W Phi kept between iterations
@@ -40,7 +40,7 @@ class ProblemSize:
     n_predict_rows: int = 0
     preconditioner_elements: int = 0  # per group: the blocks block-Jacobi inverts (Dd^2 + sum R Q^2)
     kernel_row: int = 0  # bytes per row of the dual route's whitened rows (`AdditiveDesign.kernel_row_bytes`)
-    max_grid_rows: int = 0  # the largest R among the indexed blocks (the dual's leaf indicator is N x R)
+    count_bytes: int = 0  # the dual's leaf co-occurrence temporaries for its largest indexed block (`leaf_count_bytes`)
 
 
 def dense_system_bytes(p: ProblemSize) -> int:
@@ -48,10 +48,19 @@ def dense_system_bytes(p: ProblemSize) -> int:
     return (2 * p.width * p.width + 4 * p.width) * p.itemsize
 
 
+def leaf_count_bytes(n_rows: int, slots: int, grid_rows: int, dense_max: int, block_rows: int = 512) -> int:
+    """Temporaries of the dual's leaf co-occurrence counts (`tamrun.solve.dual.leaf_counts`): the N x R
+    float32 indicator (R <= dense_max), else the transposed CSR indicator (12 bytes per non-zero)
+    and one block of the sparse product (at most block_rows x N entries, about 28 bytes each)."""
+    if grid_rows <= dense_max:
+        return 4 * n_rows * grid_rows
+    return 12 * n_rows * slots + 8 * grid_rows + 28 * min(block_rows, n_rows) * n_rows
+
+
 def dual_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's dual (kernel) system and its rows, see the module docstring."""
     n2 = p.n_rows * p.n_rows
-    indexed_phase = n2 * (p.itemsize + 4) + max(4 * p.n_rows * p.max_grid_rows, n2 * p.itemsize)
+    indexed_phase = n2 * (p.itemsize + 4) + max(p.count_bytes, n2 * p.itemsize)
     return max(indexed_phase, 2 * n2 * p.itemsize) + p.n_rows * (p.row.store + p.kernel_row)
 
 

@@ -155,7 +155,8 @@ class Dispatcher:
         weighted_y = torch.cat([y for _, y in parts], dim=1)
         coef, direct = dual_coefficients([chunk for chunk, _ in parts], penalty, weighted_y,
                                          self._system_scale(batch, groups), self.solver.jitter,
-                                         self.solver.jitter_growth, self.solver.jitter_max_tries)
+                                         self.solver.jitter_growth, self.solver.jitter_max_tries,
+                                         self.solver.dual_dense_counts_max)
         stats.jitter_escalations = max(stats.jitter_escalations, direct.jitter_escalations)
         stats.lu_fallback_groups += direct.lu_fallback_groups
         return coef

@@ -19,6 +19,7 @@ Groups are solved one at a time (a group's K is N^2 numbers): the plan's fit chu
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -67,16 +68,48 @@ def kernel_features(chunks: List[DesignChunk], penalty: BlockPenalty, jitter: fl
     return KernelFeatures(dense, indexed)
 
 
-def group_kernel(features: KernelFeatures, group: int) -> torch.Tensor:
+def _csr(crow: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+        return torch.sparse_csr_tensor(crow, columns, values, size=size, check_invariants=False)
+
+
+def leaf_counts(leaves: torch.Tensor, grid_rows: int, dense_max: int, block_rows: int = 512) -> torch.Tensor:
+    """C (N, N) float32: C_ij = the number of slots t with leaves[i, t] = leaves[j, t], for leaves
+    (N, T) in [0, R). C = O O' with O the (N, R) 0/1 indicator: a dense float32 product when
+    R <= dense_max (N R 4 bytes, 2 N^2 R flops), else a sparse product (work: the sum over grid rows
+    of their row counts squared), block_rows rows of C at a time."""
+    n_rows, slots = leaves.shape
+    device = leaves.device
+    if grid_rows <= dense_max:
+        indicator = torch.zeros(n_rows, grid_rows, dtype=COUNT_DTYPE, device=device)
+        indicator.scatter_(1, leaves, 1.0)
+        return indicator @ indicator.mT
+    flat = leaves.reshape(-1)
+    ones = torch.ones(flat.numel(), dtype=COUNT_DTYPE, device=device)
+    order = torch.argsort(flat, stable=True)
+    crow_t = torch.zeros(grid_rows + 1, dtype=torch.int64, device=device)
+    torch.cumsum(torch.bincount(flat, minlength=grid_rows), 0, out=crow_t[1:])
+    transposed = _csr(crow_t, torch.div(order, slots, rounding_mode="floor"), ones, (grid_rows, n_rows))
+    del order
+    counts = torch.empty(n_rows, n_rows, dtype=COUNT_DTYPE, device=device)
+    for start in range(0, n_rows, block_rows):
+        stop = min(start + block_rows, n_rows)
+        crow = torch.arange(0, (stop - start) * slots + 1, slots, dtype=torch.int64, device=device)
+        block = _csr(crow, flat[start * slots:stop * slots], ones[:(stop - start) * slots], (stop - start, grid_rows))
+        product = block @ transposed  # (block, N) CSR
+        rows = torch.repeat_interleave(torch.arange(stop - start, device=device), product.crow_indices().diff())
+        part = counts[start:stop].zero_()
+        part.view(-1)[rows * n_rows + product.col_indices()] = product.values()
+    return counts
+
+
+def group_kernel(features: KernelFeatures, group: int, dense_max: int) -> torch.Tensor:
     """K = Phi_w P~^-1 Phi_w' (N, N) of one group of the chunk."""
     dense = features.dense[group]
     kernel = dense @ dense.mT
     for leaves, values, grid_rows in features.indexed:
-        n_rows = leaves.shape[1]
-        indicator = torch.zeros(n_rows, grid_rows, dtype=COUNT_DTYPE, device=leaves.device)
-        indicator.scatter_(1, leaves[group], 1.0)
-        shared = indicator @ indicator.mT  # C: trees in which rows i and j share a leaf
-        del indicator
+        shared = leaf_counts(leaves[group], grid_rows, dense_max)  # C: trees in which rows i and j share a leaf
         term = values[group] @ values[group].mT
         term.mul_(shared)
         del shared
@@ -85,14 +118,15 @@ def group_kernel(features: KernelFeatures, group: int) -> torch.Tensor:
 
 
 def dual_coefficients(chunks: List[DesignChunk], penalty: BlockPenalty, weighted_y: torch.Tensor,
-                      n: torch.Tensor, jitter: float, growth: float, max_tries: int) -> Tuple[torch.Tensor, DirectStats]:
+                      n: torch.Tensor, jitter: float, growth: float, max_tries: int,
+                      dense_max: int) -> Tuple[torch.Tensor, DirectStats]:
     """beta (g, D) of the groups of ``chunks`` (row chunks in order, weights applied), weighted_y
-    (g, N), n (g,) the real row counts."""
+    (g, N), n (g,) the real row counts; dense_max: see `leaf_counts`."""
     features = kernel_features(chunks, penalty, jitter)
     alpha = torch.empty_like(weighted_y)
     stats = DirectStats()
     for group in range(weighted_y.shape[0]):
-        kernel = group_kernel(features, group)
+        kernel = group_kernel(features, group, dense_max)
         kernel.diagonal().add_(n[group])
         solved, group_stats = cholesky_solve(kernel.unsqueeze(0), weighted_y[group:group + 1], 0.0, growth, max_tries)
         del kernel
