@@ -2,6 +2,10 @@
 
     python -m tamrun.bench --peer-python ../peer-venv/bin/python                   # CPU, fourier + spline, r=3
     python -m tamrun.bench --peer-python ... --device cuda --cap 0.02
+    python -m tamrun.bench --peer-python ... --models forest_fourier,forest_fourier:solver=direct
+
+A model is a preset, optionally followed by tamrun overrides after colons (``preset:key=value:...``);
+the peer fits the preset's formula, once per preset and repeat, shared by the rows of that preset.
 
 It installs nothing: the peer (tam-ml 1.5.0) lives in its own virtual environment, whose python is
 passed with --peer-python (without it only tamrun is measured). Both sides fit the same formula
@@ -101,17 +105,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         log.warning("no --peer-python: measuring tamrun only")
     common = ["--device", args.device] + (["--cap", str(args.cap)] if args.cap is not None else [])
     records = []
+    peer_runs: Dict[tuple, dict] = {}  # (preset, repeat) -> the peer's record, shared by that preset's rows
     for model in args.models.split(","):
-        peer_args = peer_arguments(model) if "peer" in sides else []
+        preset, *overrides = model.split(":")
+        peer_args = peer_arguments(preset) if "peer" in sides else []
         if args.peer_max_iter is not None:
             peer_args += ["--peer-max-iter", str(args.peer_max_iter)]
         for repeat in range(args.repeats):
             for side in sides:  # interleaved, so that drift hits both sides alike
                 if side == "tamrun":
-                    command = [sys.executable, "-m", "tamrun.bench.child", "--side", "tamrun", "--model", model]
+                    command = [sys.executable, "-m", "tamrun.bench.child", "--side", "tamrun", "--model", preset]
+                    command += [f"--override={item}" for item in overrides]
+                    record = run_child(command + common, args.timeout)
+                elif (preset, repeat) in peer_runs:
+                    record = dict(peer_runs[preset, repeat])
                 else:
-                    command = [args.peer_python, str(CHILD), "--side", "peer", "--model", model] + peer_args
-                record = run_child(command + common, args.timeout)
+                    command = [args.peer_python, str(CHILD), "--side", "peer", "--model", preset] + peer_args
+                    record = peer_runs[preset, repeat] = run_child(command + common, args.timeout)
+                    record = dict(record)
                 record.update(model=model, side=side, repeat=repeat)
                 log.info("%s %s #%d: %s fit %.2fs rmse %s", model, side, repeat, record["status"],
                          record.get("fit_seconds", float("nan")), record.get("rmse"))

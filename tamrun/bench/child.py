@@ -83,7 +83,7 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     from tamrun.device import DeviceManager
     from tamrun.pipeline import DTYPES, fit_model, load_splits
 
-    overrides = [f"model={args.model}", f"hw={args.device}", "tracking=none", f"dtype={args.dtype}"]
+    overrides = [f"model={args.model}", f"hw={args.device}", "tracking=none", f"dtype={args.dtype}", *args.override]
     if args.cap is not None and args.device == "cuda":
         import torch
 
@@ -162,6 +162,7 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--test-start", default="2024-01-01")
     parser.add_argument("--test-end", default="2025-01-01")
     parser.add_argument("--peer-max-iter", type=int, default=None)
+    parser.add_argument("--override", action="append", default=[], help="a tamrun override (repeatable)")
     args = parser.parse_args(argv)
     meter = PeakMeter(args.device)
     try:

@@ -162,8 +162,9 @@ class MemoryOracle:
         """The (G, N) predictions, with the overhead."""
         return int(self.cfg.overhead_factor * predict_output_bytes(size))
 
-    def minimal_limit(self, size: ProblemSize, dual: bool = False) -> int:
-        """The smallest memory.limit with which some route can plan one group, one row per chunk."""
+    def minimal_limit(self, size: ProblemSize, dual: bool = False, route: Optional[str] = None) -> int:
+        """The smallest memory.limit with which ``route`` (None: either route) can plan one group, one
+        row per chunk."""
         overhead = self.cfg.overhead_factor
         _, predict = self.costs(size, "cg", cache=False)
         smallest_predict = (predict.bytes(1, 1, overhead) + self.predict_output_bytes(size)) / self.chunk_fraction
@@ -172,9 +173,10 @@ class MemoryOracle:
         direct_fit, _ = self.costs(size, "direct", cache=False, dual=dual)
         direct = max(direct_fit.bytes(1, 1, overhead) / self.chunk_fraction,
                      self.dense_bytes(size, dual) / self.cfg.dense_fraction)
-        if self.system_dim(size, dual) > self.cfg.max_dense_dim:
+        if self.system_dim(size, dual) > self.cfg.max_dense_dim and route is None:
             direct = float("inf")
-        return int(max(min(cg, direct), smallest_predict)) + 1
+        fit = {"direct": direct, "cg": cg}.get(route, min(cg, direct))
+        return int(max(fit, smallest_predict)) + 1
 
     def system_dim(self, size: ProblemSize, dual: bool) -> int:
         """The dense system's dimension: N in the dual form, else D."""
@@ -206,7 +208,7 @@ class MemoryOracle:
         dual = route == "direct" and self.dual_form(size, dual)
         budget = int(self.chunk_fraction * self.capped_free(free))
         overhead, max_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows
-        minimal = self.minimal_limit(size, dual)
+        minimal = self.minimal_limit(size, dual, requested if requested in ("direct", "cg") else None)
         cache = route == "cg"
         fit_cost, predict_cost = self.costs(size, route, cache, dual)
         try:  # the dual form solves one group at a time
