@@ -27,7 +27,7 @@ from tamrun.device import DeviceManager
 from tamrun.effects.categorical import CategoricalEffect
 from tamrun.effects.design import AdditiveDesign, needed_columns
 from tamrun.effects.registry import build_effects
-from tamrun.errors import DataError
+from tamrun.errors import ConfigError, DataError
 from tamrun.evaluate import predictions_table
 from tamrun.memory.footprint import ProblemSize, leaf_count_bytes
 from tamrun.memory.guard import OomLog, oom_settings
@@ -137,12 +137,36 @@ def plan_memory(config: Config, features: Features, devices: DeviceManager, n_pr
                        config.solver.dual)
 
 
+def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor:
+    """(G, D) float64 coefficients from a run's ``model/coefficients.csv`` (column ``group``, then one
+    column per coefficient), in the order of ``groups``; `ConfigError` naming solver.warm_start when
+    the file is unreadable or does not match this model's groups and width."""
+    field = "solver.warm_start"
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(field, path, f"cannot read the coefficients ({error})",
+                          "give the path of a coefficients.csv logged by an earlier run (artifact model/)")
+    if "group" not in table.columns or table.shape[1] - 1 != width:
+        raise ConfigError(field, path, f"the table has {table.shape[1] - 1} coefficient columns, this model has {width}",
+                          "warm-start from a run of the same model (same effects and sizes)")
+    rows = {str(group): i for i, group in enumerate(table["group"])}
+    missing = [g for g in groups if str(g) not in rows]
+    if missing:
+        raise ConfigError(field, path, f"group(s) {missing[:5]} are not in the table",
+                          "warm-start from a run on the same data and groups")
+    values = table.drop(columns="group").to_numpy(dtype="float64")
+    return torch.as_tensor(values[[rows[str(g)] for g in groups]])
+
+
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, oom_log: Optional[OomLog] = None,
           tracker: Optional[MemoryTracker] = None, snapshot: Callable[[str], None] = lambda label: None) -> FittedModel:
     """Fit every group's coefficients along the plan."""
     design = features.design.to(devices.device)
+    initial = (warm_start_coefficients(config.solver.warm_start, features.train.groups, design.width)
+               if config.solver.warm_start else None)
     dispatcher = Dispatcher(design, devices, plan, config.solver, oom_settings(config.memory.oom),
-                            oom_log if oom_log is not None else OomLog(), tracker, snapshot)
+                            oom_log if oom_log is not None else OomLog(), tracker, snapshot, initial)
     log.info("fitting %d groups, D=%d, route=%s", len(features.train.groups), design.width, plan.route)
     coef, stats = dispatcher.fit(features.train)
     return FittedModel(config, design, dispatcher, features.train.groups, coef, plan, stats, features.train)

@@ -102,3 +102,20 @@ def test_forest_preset_matches_the_peer_with_leaf_indices_and_cg(compose_cfg):
     assert result.route == "cg" and result.width == 1 + 1 + 8 + 1 + 50 * 64
     assert result.stats.cg_unconverged_groups == 0 and result.stats.cg_final_residual <= 1e-6
     assert result.metrics["rmse_test"] <= 1.02 * 1683.5  # the peer's forest RMSE, same formula
+
+
+def test_cg_warm_start_from_a_logged_run_needs_fewer_iterations(compose_cfg, store_uri, csv_path):
+    """solver.warm_start takes the coefficients.csv an earlier run logged; a wrong file is refused."""
+    from tamrun.errors import ConfigError
+
+    overrides = csv_overrides(csv_path) + ["solver=cg", "solver.preconditioner=jacobi", "solver.tol=1e-10"]
+    cold = run(compose_cfg(*overrides))
+    client = MlflowClient(tracking_uri=store_uri)
+    path = client.download_artifacts(cold.run_id, "model/coefficients.csv")
+    warm = run(compose_cfg(*overrides, f"solver.warm_start={path}"))
+    assert cold.stats.cg_iterations > 5 and warm.stats.cg_iterations <= 1
+    np.testing.assert_allclose(warm.coef.numpy(), cold.coef.numpy(), rtol=1e-6, atol=1e-9)
+    wrong = Path(path).with_name("wrong.csv")
+    pd.read_csv(path).iloc[:, :3].to_csv(wrong, index=False)
+    with pytest.raises(ConfigError, match="solver.warm_start.*coefficient columns"):
+        run(compose_cfg(*overrides, f"solver.warm_start={wrong}"))

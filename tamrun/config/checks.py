@@ -61,6 +61,11 @@ def check_config(cfg: Config) -> None:
              "set solver.jitter_growth=10")
     _require(sol.jitter_max_tries >= 0, "solver.jitter_max_tries", sol.jitter_max_tries, "must be >= 0",
              "set solver.jitter_max_tries=4")
+    _require(not sol.dual or sol.jitter > 0, "solver.jitter", sol.jitter,
+             "the direct route's dual form inverts P + jitter I, which needs jitter > 0 (P may be singular)",
+             "set solver.jitter=1e-6, or solver.dual=false")
+    _require(sol.dual_dense_counts_max >= 0, "solver.dual_dense_counts_max", sol.dual_dense_counts_max,
+             "must be >= 0", "set solver.dual_dense_counts_max=4096")
 
     hw = cfg.hw
     known = {"cuda", "mps", "xpu", "cpu"}

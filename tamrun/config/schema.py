@@ -163,6 +163,8 @@ class SolverConfig:
     # Dual form: the leaf co-occurrence counts of a forest block with at most this many leaves (R)
     # come from a dense float32 product of its N x R leaf indicator, else from a sparse product.
     dual_dense_counts_max: int = 4096
+    # CG starts from these coefficients (a run's model/coefficients.csv) instead of zeros; None = zeros.
+    warm_start: Optional[str] = None
 
 
 @dataclass

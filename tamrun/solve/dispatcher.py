@@ -62,11 +62,13 @@ class Dispatcher:
         oom_policy, oom_log: the retry settings and the run's OOM event log.
         tracker: the budget every step is charged to (None: an unlimited one).
         snapshot: called with a label after each chunk (the memory timeline).
+        initial: (G, D) coefficients CG starts from (solver.warm_start), None for zeros.
     """
 
     def __init__(self, design: AdditiveDesign, devices: DeviceManager, plan: Plan, solver: SolverConfig,
                  oom_policy: OomConfig, oom_log: OomLog, tracker: Optional[MemoryTracker] = None,
-                 snapshot: Callable[[str], None] = lambda label: None) -> None:
+                 snapshot: Callable[[str], None] = lambda label: None,
+                 initial: Optional[torch.Tensor] = None) -> None:
         self.design = design
         self.devices = devices
         self.plan = plan
@@ -76,6 +78,7 @@ class Dispatcher:
         self.tracker = tracker or MemoryTracker(None, plan.overhead)
         self.snapshot = snapshot
         self._learned: dict = {}  # phase -> chunk size an OOM taught
+        self.initial = initial
 
     def _guarded(self, step: Callable[[int], Tuple[int, int]], total: int, chunk: int, rows: int, phase: str,
                  cost) -> int:
@@ -210,8 +213,9 @@ class Dispatcher:
         tol = self.solver.tol if self.solver.tol is not None else DEFAULT_TOL[rhs.dtype]
         grid_blocks = self._grid_blocks(grid_grams or [], penalty, n)
         del grid_grams
+        x0 = None if self.initial is None else self.initial[groups].to(device=rhs.device, dtype=rhs.dtype)
         result = conjugate_gradient(matvec, rhs, self._preconditioner(diag, dense_block, grid_blocks), tol,
-                                    self.solver.max_iter)
+                                    self.solver.max_iter, x0)
         stats.cg_iterations = max(stats.cg_iterations, int(result.iterations.max()))
         stats.cg_unconverged_groups += int((~result.converged).sum())
         stats.cg_final_residual = max(stats.cg_final_residual, float(result.relative_residual.max()))
