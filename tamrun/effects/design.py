@@ -14,6 +14,7 @@ import torch
 from tamrun.data.batch import GroupedBatch, RangeScaler
 from tamrun.effects.base import Effect
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock
+from tamrun.effects.indexed import SORT_SLOTS
 
 INDEX_BYTES = 8  # int64 leaf indices
 
@@ -167,9 +168,10 @@ class AdditiveDesign:
             build  max(dense phase (F + peak_row_width) s,
                        (F + Dd) s + blocks kept so far + 2 C s (its columns, raw and scaled) + Q s (Q > 1)
                        + max(leaf_index: 4T + T s + T, int32 leaves and flat index: 8T))
-            store  Dd s + per block 4T + Q s (flat index, row values), and for Q > 1 the CSR
-                   indicators O, O' (O' indices 4T, shared ones 8T)
-            apply  2 s + max(Dd s, per block (T + 4) s (Q = 1) or max(4 Q s, 24T: sorting O' once) (Q > 1))
+            store  Dd s + per block 16T + Q s: the flat index (O's indices, 4T), O' (indices 4T, ones
+                   shared with O 8T), the row values
+            apply  2 s + max(Dd s, per block max(4 Q s, 48 min(T, SORT_SLOTS) + 2 Q s): the products, or
+                   O' being built with the row values)
         """
         s = itemsize
         features, dd = len(self.columns), self.dense_width
@@ -181,10 +183,10 @@ class AdditiveDesign:
             factor = q * s if q > 1 else 0
             leaves = 4 * t + t * s + t
             build = max(build, held + 2 * cols * s + factor + max(leaves, 8 * t))
-            kept = 4 * t + q * s + (12 * t if q > 1 else 0)
+            kept = 16 * t + q * s
             held += kept
             store += kept
-            apply = max(apply, (t + 4) * s if q == 1 else max(4 * q * s, 24 * t))
+            apply = max(apply, 4 * q * s, 48 * min(t, SORT_SLOTS) + 2 * q * s)
             gram += t * q * dd * s * 2 + t * INDEX_BYTES
             for other in self.indexed_effects:
                 gram += t * other.slots * (2 * q * other.grid_q * s + 3 * INDEX_BYTES)

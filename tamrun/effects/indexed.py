@@ -8,10 +8,10 @@ the weights scale * weight[n] * factor[n, :] (factor = 1 and Q = 1 for a plain f
 i.e. Phi = diag-rows(values) applied to O V, with O the (n, R) 0/1 indicator of the T active grid
 rows (T ones per row) and V the (R, Q) coefficient grid. The T active rows of one row n are distinct
 (each tree owns its own R / T rows), so
-    Phi v        : Q = 1: gather-sum of v over the T indices;  Q > 1: rowsum(values o (O V))   (g, n)
-    Phi' u       : Q = 1: bincount;  Q > 1: O' (values o u)                                     (g, R Q)
-    diag Phi'Phi : O' (values^2)                                                                (g, R Q)
-    Phi_a' Phi_b : scatter of products over the slot pairs                                      (g, D_a, D_b)
+    Phi v        : rowsum(values o (O V))                              (g, n)
+    Phi' u       : O' (values o u)                                     (g, R Q)
+    diag Phi'Phi : O' (values^2)                                       (g, R Q)
+    Phi_a' Phi_b : scatter of products over the slot pairs             (g, D_a, D_b)
 O and O' are sparse CSR matrices over the stacked groups (block diagonal, built once per chunk and
 shared by all products): each output row sums its terms in a fixed order, so a group's result is
 bitwise the same whatever other groups share its chunk. Shapes carry a leading group dimension g.
@@ -26,7 +26,10 @@ from typing import Optional, Tuple
 import torch
 
 
-def _csr(crow: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+SORT_SLOTS = 10  # slots sorted together while O' is built: about 48 bytes per slot and row of temporaries
+
+
+def csr_matrix(crow: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
     """A CSR matrix from arrays built here (valid by construction: no invariant check), without the
     warning that torch's CSR support is in beta."""
     with warnings.catch_warnings():
@@ -94,35 +97,31 @@ class IndexedBlock:
             rows, grid_rows, index = g * n, g * self.n_rows_grid, self.flat.reshape(-1)
             ones = torch.ones(index.numel(), dtype=dtype, device=index.device)
             crow = torch.arange(0, rows * t + 1, t, dtype=index.dtype, device=index.device)
-            self._indicator = _csr(crow, index, ones, (rows, grid_rows))
-            order = torch.argsort(index, stable=True)  # by grid row, data rows ascending within each
-            counts = torch.bincount(index, minlength=grid_rows)
+            self._indicator = csr_matrix(crow, index, ones, (rows, grid_rows))
             crow_t = torch.zeros(grid_rows + 1, dtype=index.dtype, device=index.device)
-            torch.cumsum(counts, 0, out=crow_t[1:])
-            columns = torch.div(order, t, rounding_mode="floor").to(index.dtype)
-            del order, counts
-            self._indicator_t = _csr(crow_t, columns, ones, (grid_rows, rows))
+            torch.cumsum(torch.bincount(index, minlength=grid_rows), 0, out=crow_t[1:])
+            columns = torch.empty_like(index)
+            starts = crow_t.long()
+            for first in range(0, t, SORT_SLOTS):  # a grid row belongs to one slot: sort a few slots at a time
+                keys = self.flat[:, first:first + SORT_SLOTS].T.reshape(-1)  # slot-major: (slots, g n)
+                order = torch.argsort(keys, stable=True)  # by grid row, data rows ascending within each
+                keys = keys[order].long()
+                rank = torch.arange(keys.numel(), device=index.device) - torch.searchsorted(keys, keys)
+                columns[starts[keys] + rank] = (order % rows).to(index.dtype)
+                del order, keys, rank
+            self._indicator_t = csr_matrix(crow_t, columns, ones, (grid_rows, rows))
         return self._indicator, self._indicator_t
 
     def _scatter_rows(self, source: torch.Tensor) -> torch.Tensor:
-        """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, K) -> (g, R K), each out[r]
-        summed in row order (bitwise the same per group in any chunk)."""
-        g, n, t = self.shape
+        """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, K) -> (g, R K), i.e. O' source."""
+        g, n, _ = self.shape
         k = source.shape[-1]
-        if k == 1:  # one bincount over all (row, slot) pairs
-            weights = source.reshape(g * n, 1).expand(g * n, t).reshape(-1)
-            out = torch.bincount(self.flat.reshape(-1), weights=weights, minlength=g * self.n_rows_grid)
-            return out.to(source.dtype).view(g, self.n_rows_grid)
         _, indicator_t = self._indicators(source.dtype)
         return (indicator_t @ source.reshape(g * n, k)).view(g, self.n_rows_grid * k)
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """v (g, R Q) -> Phi v (g, n), each row's terms summed in slot order (bitwise the same per
-        group in any chunk)."""
-        g, n, t = self.shape
-        if self.q == 1:
-            picked = v.reshape(-1).index_select(0, self.flat.reshape(-1)).view(g * n, t).sum(dim=-1)
-            return picked.view(g, n) * self.row_values()[..., 0]
+        """v (g, R Q) -> Phi v = rowsum(values o (O V)) (g, n), V = v as an (g R, Q) grid."""
+        g, n, _ = self.shape
         indicator, _ = self._indicators(v.dtype)
         picked = indicator @ v.reshape(g * self.n_rows_grid, self.q)  # (g n, Q): sum over the T grid rows
         return (picked.view(g, n, self.q) * self.row_values()).sum(dim=-1)

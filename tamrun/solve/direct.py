@@ -38,7 +38,6 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: floa
     stats = DirectStats()
     factor, info = torch.linalg.cholesky_ex(a)
     failed = info > 0
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     base = jitter if jitter > 0 else torch.finfo(a.dtype).eps
     tries = 0
     while bool(failed.any()) and tries < max_tries:
@@ -48,7 +47,8 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: floa
         idx = failed.nonzero().squeeze(-1)
         log.warning("Cholesky failed for %d group(s); adding jitter %.3g (try %d/%d, solver.jitter_max_tries)",
                     idx.numel(), extra, tries, max_tries)
-        retry, retry_info = torch.linalg.cholesky_ex(a[idx] + extra * eye)
+        retry, retry_info = torch.linalg.cholesky_ex(a[idx] + extra * torch.eye(a.shape[-1], dtype=a.dtype,
+                                                                                 device=a.device))
         factor[idx] = retry
         failed[idx] = retry_info > 0
     x = triangular_pair_solve(factor, b.unsqueeze(-1)).squeeze(-1)
@@ -59,3 +59,4 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: floa
                     idx.numel(), max_tries)
         x[idx] = torch.linalg.solve(a[idx], b[idx])
     return x, stats
+

@@ -19,13 +19,13 @@ Groups are solved one at a time (a group's K is N^2 numbers): the plan's fit chu
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import List, Tuple
 
 import torch
 
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock
+from tamrun.effects.indexed import csr_matrix
 from tamrun.solve.direct import DirectStats, cholesky_solve
 
 COUNT_DTYPE = torch.float32  # leaf co-occurrence counts: exact integers below 2^24
@@ -68,12 +68,6 @@ def kernel_features(chunks: List[DesignChunk], penalty: BlockPenalty, jitter: fl
     return KernelFeatures(dense, indexed)
 
 
-def _csr(crow: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
-        return torch.sparse_csr_tensor(crow, columns, values, size=size, check_invariants=False)
-
-
 def leaf_counts(leaves: torch.Tensor, grid_rows: int, dense_max: int, block_rows: int = 512) -> torch.Tensor:
     """C (N, N) float32: C_ij = the number of slots t with leaves[i, t] = leaves[j, t], for leaves
     (N, T) in [0, R). C = O O' with O the (N, R) 0/1 indicator: a dense float32 product when
@@ -90,13 +84,13 @@ def leaf_counts(leaves: torch.Tensor, grid_rows: int, dense_max: int, block_rows
     order = torch.argsort(flat, stable=True)
     crow_t = torch.zeros(grid_rows + 1, dtype=torch.int64, device=device)
     torch.cumsum(torch.bincount(flat, minlength=grid_rows), 0, out=crow_t[1:])
-    transposed = _csr(crow_t, torch.div(order, slots, rounding_mode="floor"), ones, (grid_rows, n_rows))
+    transposed = csr_matrix(crow_t, torch.div(order, slots, rounding_mode="floor"), ones, (grid_rows, n_rows))
     del order
     counts = torch.empty(n_rows, n_rows, dtype=COUNT_DTYPE, device=device)
     for start in range(0, n_rows, block_rows):
         stop = min(start + block_rows, n_rows)
         crow = torch.arange(0, (stop - start) * slots + 1, slots, dtype=torch.int64, device=device)
-        block = _csr(crow, flat[start * slots:stop * slots], ones[:(stop - start) * slots], (stop - start, grid_rows))
+        block = csr_matrix(crow, flat[start * slots:stop * slots], ones[:(stop - start) * slots], (stop - start, grid_rows))
         product = block @ transposed  # (block, N) CSR
         rows = torch.repeat_interleave(torch.arange(stop - start, device=device), product.crow_indices().diff())
         part = counts[start:stop].zero_()
@@ -111,9 +105,7 @@ def group_kernel(features: KernelFeatures, group: int, dense_max: int) -> torch.
     for leaves, values, grid_rows in features.indexed:
         shared = leaf_counts(leaves[group], grid_rows, dense_max)  # C: trees in which rows i and j share a leaf
         term = values[group] @ values[group].mT
-        term.mul_(shared)
-        del shared
-        kernel += term
+        kernel.addcmul_(term, shared)  # one pass: kernel += term o C
     return kernel
 
 
