@@ -19,6 +19,12 @@ import torch
 from tamrun.effects.indexed import IndexedBlock
 
 
+def jittered_factor(matrix: torch.Tensor, jitter: float) -> torch.Tensor:
+    """Cholesky factor of matrix + jitter I (a penalty block, with the system's jitter)."""
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    return torch.linalg.cholesky(matrix + jitter * eye)
+
+
 def add_gram_(out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group."""
     for group in range(dense.shape[0]):
@@ -118,8 +124,7 @@ class BlockPenalty:
         block's (Q, Q) matrix once for all its R rows)."""
         out = torch.empty_like(v)
         for b in self.blocks:
-            eye = torch.eye(b.matrix.shape[0], dtype=b.matrix.dtype, device=b.matrix.device)
-            factor = torch.linalg.cholesky(b.matrix + jitter * eye)
+            factor = jittered_factor(b.matrix, jitter)
             part = v[:, b.start:b.start + b.width]
             q = b.matrix.shape[0]
             columns = part.reshape(-1, q).T  # (q, g R) for a grid block, (W, g) otherwise

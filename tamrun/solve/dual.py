@@ -24,7 +24,7 @@ from typing import List, Tuple
 
 import torch
 
-from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock
+from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock, jittered_factor
 from tamrun.effects.indexed import csr_matrix
 from tamrun.solve.direct import DirectStats, cholesky_solve
 
@@ -40,12 +40,6 @@ class KernelFeatures:
     indexed: List[Tuple[torch.Tensor, torch.Tensor, int]]
 
 
-def _jittered_factor(matrix: torch.Tensor, jitter: float) -> torch.Tensor:
-    """Cholesky factor of matrix + jitter I."""
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    return torch.linalg.cholesky(matrix + jitter * eye)
-
-
 def _whiten(rows: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """rows (g, N, K) -> rows L^-T, i.e. (L^-1 rows')'."""
     if rows.shape[-1] == 0:
@@ -57,13 +51,13 @@ def kernel_features(chunks: List[DesignChunk], penalty: BlockPenalty, jitter: fl
     """The whitened rows of the design chunks (row chunks of the same groups, in row order)."""
     dd = chunks[0].dense.shape[-1]
     dense = torch.cat([chunk.dense for chunk in chunks], dim=1)
-    dense = _whiten(dense, _jittered_factor(penalty.leading(dd), jitter)) if dd else dense
+    dense = _whiten(dense, jittered_factor(penalty.leading(dd), jitter)) if dd else dense
     grid_blocks: List[PenaltyBlock] = [b for b in penalty.blocks if b.grid]
     indexed = []
     for i, block in enumerate(grid_blocks):
         leaves = torch.cat([chunk.indexed[i][1].local_index() for chunk in chunks], dim=1)
         values = torch.cat([chunk.indexed[i][1].row_values() for chunk in chunks], dim=1)
-        indexed.append((leaves, _whiten(values, _jittered_factor(block.matrix, jitter)),
+        indexed.append((leaves, _whiten(values, jittered_factor(block.matrix, jitter)),
                         chunks[0].indexed[i][1].n_rows_grid))
     return KernelFeatures(dense, indexed)
 
