@@ -90,7 +90,7 @@ class IndexedBlock:
             self.factor = None
         return self._values
 
-    def _indicators(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    def indicators(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
         """O (g n, g R) and O' (g R, g n) as CSR matrices with one shared tensor of ones as values."""
         if self._indicator is None or self._indicator.dtype != dtype:
             g, n, t = self.shape
@@ -116,13 +116,13 @@ class IndexedBlock:
         """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, K) -> (g, R K), i.e. O' source."""
         g, n, _ = self.shape
         k = source.shape[-1]
-        _, indicator_t = self._indicators(source.dtype)
+        _, indicator_t = self.indicators(source.dtype)
         return (indicator_t @ source.reshape(g * n, k)).view(g, self.n_rows_grid * k)
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """v (g, R Q) -> Phi v = rowsum(values o (O V)) (g, n), V = v as an (g R, Q) grid."""
         g, n, _ = self.shape
-        indicator, _ = self._indicators(v.dtype)
+        indicator, _ = self.indicators(v.dtype)
         picked = indicator @ v.reshape(g * self.n_rows_grid, self.q)  # (g n, Q): sum over the T grid rows
         return (picked.view(g, n, self.q) * self.row_values()).sum(dim=-1)
 

@@ -25,7 +25,7 @@ from typing import List, Tuple
 import torch
 
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock, jittered_factor
-from tamrun.effects.indexed import csr_matrix
+from tamrun.effects.indexed import IndexedBlock, csr_matrix
 from tamrun.solve.direct import DirectStats, cholesky_solve
 
 COUNT_DTYPE = torch.float32  # leaf co-occurrence counts: exact integers below 2^24
@@ -73,17 +73,14 @@ def leaf_counts(leaves: torch.Tensor, grid_rows: int, dense_max: int, block_rows
         indicator = torch.zeros(n_rows, grid_rows, dtype=COUNT_DTYPE, device=device)
         indicator.scatter_(1, leaves, 1.0)
         return indicator @ indicator.mT
-    flat = leaves.reshape(-1)
-    ones = torch.ones(flat.numel(), dtype=COUNT_DTYPE, device=device)
-    order = torch.argsort(flat, stable=True)
-    crow_t = torch.zeros(grid_rows + 1, dtype=torch.int64, device=device)
-    torch.cumsum(torch.bincount(flat, minlength=grid_rows), 0, out=crow_t[1:])
-    transposed = csr_matrix(crow_t, torch.div(order, slots, rounding_mode="floor"), ones, (grid_rows, n_rows))
-    del order
+    indicator = IndexedBlock(leaves.unsqueeze(0), grid_rows, 1.0)  # O and O' as CSR, built once
+    _, transposed = indicator.indicators(COUNT_DTYPE)
+    flat = indicator.flat.reshape(-1)
+    ones = torch.ones(min(block_rows, n_rows) * slots, dtype=COUNT_DTYPE, device=device)
     counts = torch.empty(n_rows, n_rows, dtype=COUNT_DTYPE, device=device)
     for start in range(0, n_rows, block_rows):
         stop = min(start + block_rows, n_rows)
-        crow = torch.arange(0, (stop - start) * slots + 1, slots, dtype=torch.int64, device=device)
+        crow = torch.arange(0, (stop - start) * slots + 1, slots, dtype=flat.dtype, device=device)
         block = csr_matrix(crow, flat[start * slots:stop * slots], ones[:(stop - start) * slots], (stop - start, grid_rows))
         product = block @ transposed  # (block, N) CSR
         rows = torch.repeat_interleave(torch.arange(stop - start, device=device), product.crow_indices().diff())
