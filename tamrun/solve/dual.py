@@ -31,7 +31,7 @@ from typing import List, Tuple
 import torch
 
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock, jittered_factor
-from tamrun.effects.indexed import IndexedBlock, csr_matrix
+from tamrun.memory.footprint import COUNT_PAIRS_PER_STEP
 from tamrun.solve.direct import DirectStats, cholesky_solve
 
 BF16_EXACT_COUNTS = 256  # bfloat16 holds every integer up to 2^8 exactly
@@ -76,41 +76,57 @@ def kernel_features(chunks: List[DesignChunk], penalty: BlockPenalty, jitter: fl
     return KernelFeatures(dense, indexed)
 
 
+def shared_leaf_counts(leaves: torch.Tensor, pairs_per_step: int = COUNT_PAIRS_PER_STEP) -> torch.Tensor:
+    """The lower triangle (diagonal included) of C (N, N) float32 from leaves (N, T), by scattering
+    the pairs of data rows that share a leaf; the entries above the diagonal are 0. The N T entries
+    are sorted by leaf (stably, so a leaf's rows ascend); the entry of rank k in its leaf pairs with
+    the k + 1 entries up to itself, whose rows are <= its own. Work and scatters: sum over leaves of
+    s (s + 1) / 2 for a leaf of s rows (about T N^2 / 2L for T trees of L balanced leaves), at most
+    ``pairs_per_step`` pairs at a time; exact (integer counts)."""
+    n_rows, slots = leaves.shape
+    device = leaves.device
+    flat = leaves.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    members = torch.div(order, slots, rounding_mode="floor")  # data row of each entry, sorted by leaf
+    _, sizes = torch.unique_consecutive(flat[order], return_counts=True)
+    first = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)  # per entry: its leaf's first entry
+    partners = torch.arange(flat.numel(), device=device) - first + 1  # per entry: rank in its leaf + 1
+    counts = torch.zeros(n_rows * n_rows, dtype=torch.float32, device=device)
+    step = max(1, pairs_per_step // int(sizes.max()))
+    ones = torch.ones(step * int(sizes.max()), dtype=torch.float32, device=device)
+    for e0 in range(0, flat.numel(), step):
+        part = partners[e0:e0 + step]
+        offsets = torch.cumsum(part, 0) - part
+        within = torch.arange(int(part.sum()), device=device) - torch.repeat_interleave(offsets, part)
+        left = torch.repeat_interleave(members[e0:e0 + step], part)
+        right = members[torch.repeat_interleave(first[e0:e0 + step], part) + within]
+        counts.index_add_(0, left * n_rows + right, ones[:left.numel()])
+    return counts.view(n_rows, n_rows)
+
+
 class LeafCounts:
     """C (N, N), C_ij = the number of slots t with leaves[i, t] = leaves[j, t], one tile of rows at a
     time: C = O O' with O the (N, R) 0/1 indicator of leaves (N, T) in [0, R).
 
     R <= dense_max: O dense in ``dtype`` (N R itemsize bytes); a tile is the product O_r O_c'
-    (2 b m R flops for a b x m tile). Else O and O' as CSR (12 bytes per non-zero, built once); a
-    tile is the sparse product O_r O' (work: the tile rows' shared-leaf pairs), scattered into a dense
-    float32 tile.
+    (2 b m R flops for a b x m tile). Else C's lower triangle is built whole by `shared_leaf_counts`
+    (N^2 float32) and a tile is a slice of it. Entries above the diagonal (column > row) are
+    unspecified: K needs only its lower triangle.
     """
 
     def __init__(self, leaves: torch.Tensor, grid_rows: int, dense_max: int, dtype: torch.dtype) -> None:
-        self.n_rows, self.slots = leaves.shape
-        self.dense = grid_rows <= dense_max
-        if self.dense:
-            self.indicator = torch.zeros(self.n_rows, grid_rows, dtype=dtype, device=leaves.device)
+        if grid_rows <= dense_max:
+            self.indicator = torch.zeros(leaves.shape[0], grid_rows, dtype=dtype, device=leaves.device)
             self.indicator.scatter_(1, leaves, 1.0)
+            self.counts = None
         else:
-            block = IndexedBlock(leaves.unsqueeze(0), grid_rows, 1.0)  # O and O' as CSR, built once
-            _, self.transposed = block.indicators(torch.float32)
-            self.flat = block.flat.reshape(-1)
-            self.grid_rows = grid_rows
+            self.counts = shared_leaf_counts(leaves)
 
     def tile(self, start: int, stop: int, upto: int) -> torch.Tensor:
-        """C[start:stop, :upto] (stop - start, upto)."""
-        if self.dense:
-            return self.indicator[start:stop] @ self.indicator[:upto].mT
-        rows, slots, device = stop - start, self.slots, self.flat.device
-        crow = torch.arange(0, rows * slots + 1, slots, dtype=self.flat.dtype, device=device)
-        ones = torch.ones(rows * slots, dtype=torch.float32, device=device)
-        block = csr_matrix(crow, self.flat[start * slots:stop * slots], ones, (rows, self.grid_rows))
-        product = block @ self.transposed  # (rows, N) CSR
-        at = torch.repeat_interleave(torch.arange(rows, device=device), product.crow_indices().diff())
-        out = torch.zeros(rows, self.n_rows, dtype=torch.float32, device=device)
-        out.view(-1)[at * self.n_rows + product.col_indices()] = product.values()
-        return out[:, :upto]
+        """C[start:stop, :upto] (stop - start, upto); entries with column > row unspecified."""
+        if self.counts is not None:
+            return self.counts[start:stop, :upto]
+        return self.indicator[start:stop] @ self.indicator[:upto].mT
 
 
 def group_kernel(features: KernelFeatures, group: int, dense_max: int, counts: torch.dtype,
