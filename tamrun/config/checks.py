@@ -66,6 +66,8 @@ def check_config(cfg: Config) -> None:
              "set solver.jitter=1e-6, or solver.dual=false")
     _require(sol.dual_dense_counts_max >= 0, "solver.dual_dense_counts_max", sol.dual_dense_counts_max,
              "must be >= 0", "set solver.dual_dense_counts_max=4096")
+    _require(sol.dual_scatter_max_leaf_rows >= 0, "solver.dual_scatter_max_leaf_rows", sol.dual_scatter_max_leaf_rows,
+             "must be >= 0", "set solver.dual_scatter_max_leaf_rows=96")
     _require(sol.dual_tile_rows >= 1, "solver.dual_tile_rows", sol.dual_tile_rows, "must be >= 1",
              "set solver.dual_tile_rows=1024")
 

@@ -171,6 +171,10 @@ class SolverConfig:
     # Dual form: the leaf co-occurrence counts of a forest block with at most this many leaves (R)
     # come from a dense product of its N x R leaf indicator, else from a sparse product.
     dual_dense_counts_max: int = 4096
+    # Dual form, wide forests (more leaves than dual_dense_counts_max): leaves with more rows than this
+    # join the dense product (a column costs about N^2 flops), the pairs of rows in the others are
+    # scattered (s (s + 1) / 2 adds for a leaf of s rows).
+    dual_scatter_max_leaf_rows: int = 96
     # Dual form: the dtype of that dense product; bfloat16 is exact for forests of at most 256 trees
     # (float32 is used beyond) and several times faster on CPUs and GPUs with bfloat16 arithmetic.
     dual_counts_dtype: CountDType = CountDType.bfloat16

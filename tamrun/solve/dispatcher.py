@@ -164,11 +164,7 @@ class Dispatcher:
         parts = [self._chunk(batch, groups, slice(r0, r1)) for r0, r1 in _spans(batch.x.shape[1], self.plan.fit.rows)]
         weighted_y = torch.cat([y for _, y in parts], dim=1)
         coef, direct = dual_coefficients([chunk for chunk, _ in parts], penalty, weighted_y,
-                                         self._system_scale(batch, groups), self.solver.jitter,
-                                         self.solver.jitter_growth, self.solver.jitter_max_tries,
-                                         self.solver.dual_dense_counts_max,
-                                         getattr(torch, self.solver.dual_counts_dtype.value),
-                                         self.solver.dual_tile_rows)
+                                         self._system_scale(batch, groups), self.solver)
         stats.jitter_escalations = max(stats.jitter_escalations, direct.jitter_escalations)
         stats.lu_fallback_groups += direct.lu_fallback_groups
         return coef
