@@ -128,6 +128,7 @@ def _metrics(table, fitted: WindowFit, schedule, window_plan, recorder, oom_log,
         metrics.update({"cg_iterations": fitted.stats.cg_iterations,
                         "cg_unconverged_groups": fitted.stats.cg_unconverged_groups})
     metrics.update(recorder.metrics())
+    metrics["working_peak_bytes"] = recorder.working_peak(("adaptive",))  # the phase the window budget governs
     return metrics
 
 

@@ -192,7 +192,7 @@ class AdaptiveConfig:
     """
 
     # Days of data each refit is fitted on.
-    window: int = 365
+    window: int = 730
     # Days between refits (1 = daily refits).
     step: int = 1
     # Days each refit forecasts from its date; None = step. Must be >= step, so every test day is
