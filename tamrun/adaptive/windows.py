@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Optional
-
 import numpy as np
 import pandas as pd
 import torch
@@ -123,9 +121,3 @@ def systems_of(windows: range, groups: range) -> tuple:
     g = np.tile(np.arange(groups.start, groups.stop), len(windows))
     return k, g
 
-
-def refit_of(schedule: WindowSchedule, row_dates: np.ndarray, test_start: pd.Timestamp,
-             step: int) -> Optional[np.ndarray]:
-    """The refit whose own days hold each date: floor((day - test_start) / step)."""
-    days = (pd.DatetimeIndex(row_dates).normalize() - test_start).days.to_numpy()
-    return np.minimum(days // step, schedule.n_windows - 1)
