@@ -7,8 +7,9 @@ element, F features, D columns, W the longest window, A the most rows added + re
 windows, H the longest forecast, r = (F + 2) s the bytes of a gathered row (x, y, weight):
 
     direct (up/down-dated)  fixed      W r + (2 D^2 + 4 D) s + min(W, rows) direct_row   one window's Gram from its rows
-                            per window (3 D^2 + 4 D) s + A (r + direct_row) + H (r + predict_row)
-                                       (the added and removed rows' Grams, the window's Gram, its factor)
+                            per window (2 D^2 + 4 D) s + A (r + direct_row) + H (r + predict_row)
+                                       (the added rows' Grams, which become the windows' Grams, and the
+                                       removed rows' ones; then the Grams and their Cholesky factors)
     cg / dual               per window W r + H (r + predict_row), held by the batch; the fit's own
                             chunks (the oracle's fit cost) are charged by the dispatcher
 A batch of w windows of g groups is charged overhead x g x (fixed + w x per window). All G groups go
@@ -81,7 +82,7 @@ def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_wi
     updating = plan.route == "direct" and not plan.dual
     if updating:
         fixed = size.n_rows * row + dense_system_bytes(size) + min(size.n_rows, plan.fit.rows) * direct_row_bytes(size)
-        per_window, fit = (3 * dim * dim + 4 * dim) * s + step_rows * (row + direct_row_bytes(size)) + predict, 0
+        per_window, fit = (2 * dim * dim + 4 * dim) * s + step_rows * (row + direct_row_bytes(size)) + predict, 0
     else:
         fixed, per_window = 0, size.n_rows * row + predict
         fit = plan.fit_cost.bytes(1, plan.fit.rows, 1.0)

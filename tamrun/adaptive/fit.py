@@ -6,8 +6,8 @@ Direct route (primal), per group, with phi_i the row i of Phi (D,):
     beta_k = (G_k / n_k + P + jitter I)^-1 b_k / n_k
 The added and removed rows of all (window, group) systems of a batch are two batches of systems whose
 Grams come from `Dispatcher.normal_equations` at once; the running sum then goes through the
-windows in order, so window k's Gram is the same whatever the batch sizes (a memory cap changes
-nothing). The first window, and every window k with k % adaptive.refresh == 0, gets its Gram
+windows in order, in place in the added rows' Grams, so window k's Gram is the same whatever the
+batch sizes (a memory cap changes nothing). The first window, and every window k with k % adaptive.refresh == 0, gets its Gram
 from its rows (bounding the rounding drift of the running sums). All systems of a batch are solved
 by one batched Cholesky (`Dispatcher.solve_normal_equations`).
 
@@ -111,33 +111,27 @@ class WindowFitter:
         return self._dispatcher(group).normal_equations(batch, slice(0, len(group)))
 
     def _updating_batch(self, windows: range, groups: range, k: np.ndarray, g: np.ndarray, carry: dict):
+        """Each system's Gram and Phi'y: the rows it gains and loses since the previous window (none
+        for a window whose Gram comes from its rows), summed in place window by window."""
         s, n_groups = self.schedule, len(groups)
-        update = np.array([not self._fresh(int(i)) for i in k])
-        if update.any():  # the rows each system gains and loses since the previous window
-            ku, gu = k[update], g[update]
-            added = self._normal_equations(gu, s.hi[ku - 1, gu], s.hi[ku, gu])
-            removed = self._normal_equations(gu, s.lo[ku - 1, gu], s.lo[ku, gu])
-        grams = torch.empty(len(windows), n_groups, self.design.width, self.design.width, dtype=self.history.x.dtype,
-                            device=self.devices.device)
-        rhs = torch.empty(len(windows), n_groups, self.design.width, dtype=grams.dtype, device=grams.device)
-        position = np.cumsum(update) - 1  # system i's row among the updated ones
+        fresh = np.array([self._fresh(int(i)) for i in k])
+        before = np.maximum(k - 1, 0)
+        grams, rhs = self._normal_equations(g, np.where(fresh, 0, s.hi[before, g]), np.where(fresh, 0, s.hi[k, g]))
+        removed, removed_rhs = self._normal_equations(g, np.where(fresh, 0, s.lo[before, g]),
+                                                      np.where(fresh, 0, s.lo[k, g]))
         gram, vector = carry.get("gram"), carry.get("rhs")  # the previous window's (committed on success)
         for i, window in enumerate(windows):
             rows = slice(i * n_groups, (i + 1) * n_groups)
             if self._fresh(window):
-                grams[i], rhs[i] = self._normal_equations(g[rows], s.lo[k[rows], g[rows]], s.hi[k[rows], g[rows]])
-            else:
-                at = torch.as_tensor(position[rows], device=grams.device)
-                grams[i] = (gram + added[0][at]) - removed[0][at]
-                rhs[i] = (vector + added[1][at]) - removed[1][at]
-            gram, vector = grams[i], rhs[i]
-        if update.any():
-            del added, removed
-        last = {"gram": grams[-1].clone(), "rhs": rhs[-1].clone()}  # the next batch's start
+                grams[rows], rhs[rows] = self._normal_equations(g[rows], s.lo[window, g[rows]], s.hi[window, g[rows]])
+            else:  # (G_{k-1} + added) - removed
+                grams[rows].add_(gram).sub_(removed[rows])
+                rhs[rows].add_(vector).sub_(removed_rhs[rows])
+            gram, vector = grams[rows], rhs[rows]
+        del removed, removed_rhs
+        last = {"gram": gram.clone(), "rhs": vector.clone()}  # the next batch's start
         count = torch.as_tensor(s.hi[k, g] - s.lo[k, g], dtype=grams.dtype, device=grams.device).clamp_min(1.0)
-        width = self.design.width
-        beta = self._dispatcher(g).solve_normal_equations(grams.view(-1, width, width), rhs.view(-1, width), count,
-                                                          self.penalty, self.stats)
+        beta = self._dispatcher(g).solve_normal_equations(grams, rhs, count, self.penalty, self.stats)
         return beta, last
 
     # ---- cg route and the dual form: systems through the dispatcher -------------------------------
