@@ -103,6 +103,10 @@ def test_a_tenth_of_the_adaptive_peak_gives_the_same_results(compose_cfg):
     assert capped.metrics["tracker_peak_bytes"] <= capped.metrics["window_budget_bytes"]
     assert relative(capped.coef, free.coef) <= 1e-12
     assert capped.metrics["rmse_test"] == pytest.approx(free.metrics["rmse_test"], rel=1e-12)
+    # one window of 48 groups does not fit in 30 MiB: one window of fewer groups per batch
+    fewer = run(compose_cfg(*NATIONAL, "tracking=none", "memory.limit=30MiB"))
+    assert fewer.metrics["windows_per_batch"] == 1 and fewer.metrics["groups_per_batch"] < 48
+    assert relative(fewer.coef, free.coef) <= 1e-12
 
 
 def test_faked_ooms_shrink_the_window_batches_and_mlflow_records_the_run(compose_cfg, store_uri, monkeypatch):

@@ -65,10 +65,11 @@ class WindowFitter:
         self.penalty = design.penalty_operator().to(devices.device, history.x.dtype)
         self.stats = FitStats(window_plan.plan.route, window_plan.groups, window_plan.plan.fit.rows)
 
-    def _dispatcher(self, group: np.ndarray, plan=None, initial: Optional[torch.Tensor] = None) -> Dispatcher:
+    def _dispatcher(self, group: np.ndarray, plan=None, initial: Optional[torch.Tensor] = None,
+                    snapshot=lambda label: None) -> Dispatcher:
         """A dispatcher over systems whose groups are ``group`` (S,)."""
         return Dispatcher(system_design(self.design, group), self.devices, plan or self.wplan.plan, self.config.solver,
-                          oom_settings(self.config.memory.oom), self.oom_log, self.tracker, initial=initial)
+                          oom_settings(self.config.memory.oom), self.oom_log, self.tracker, snapshot, initial)
 
     def fit(self) -> WindowFit:
         s, dtype = self.schedule, self.history.x.dtype
@@ -78,7 +79,7 @@ class WindowFitter:
                 if self.config.adaptive.keep_coefficients else None)
         result = WindowFit(forecast, coef, self.stats, self.wplan.windows)
         fit_batch = self._updating_batch if self.wplan.updating else self._systems_batch
-        outer = self._dispatcher(np.arange(s.n_groups))
+        outer = self._dispatcher(np.arange(s.n_groups), snapshot=self.snapshot)  # its guard runs the batches
         for g0 in range(0, s.n_groups, self.wplan.groups):
             groups = range(g0, min(g0 + self.wplan.groups, s.n_groups))
             carry: dict = {}
