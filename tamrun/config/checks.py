@@ -92,5 +92,18 @@ def check_config(cfg: Config) -> None:
             _require(bool(derived.expr), f"{field}.expr", derived.expr, "an expr column needs an expression",
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
 
+    ada = cfg.adaptive
+    _require(ada.window >= 1, "adaptive.window", ada.window, "a window must hold at least one day",
+             "set adaptive.window=365")
+    _require(ada.step >= 1, "adaptive.step", ada.step, "the step between refits must be >= 1 day",
+             "set adaptive.step=1 (daily refits) or 7 (weekly)")
+    _require(ada.horizon is None or ada.horizon >= ada.step, "adaptive.horizon", ada.horizon,
+             f"the horizon must be >= adaptive.step={ada.step} days, or the days between a refit's "
+             "horizon and the next refit would not be forecast", f"set adaptive.horizon={ada.step} or null")
+    _require(ada.refresh >= 0, "adaptive.refresh", ada.refresh, "must be >= 0",
+             "set adaptive.refresh=64 (0: recompute only the first window's Gram)")
+    _require(ada.max_batch_windows is None or ada.max_batch_windows >= 1, "adaptive.max_batch_windows",
+             ada.max_batch_windows, "must be >= 1 or null", "set adaptive.max_batch_windows=null")
+
     _require(bool(cfg.tracking.experiment), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", "set tracking.experiment=tamrun")

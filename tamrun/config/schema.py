@@ -57,6 +57,7 @@ class DataSource(str, Enum):
 class ModeName(str, Enum):
     run = "run"
     plan = "plan"
+    adaptive = "adaptive"
 
 
 class NanPolicy(str, Enum):
@@ -199,8 +200,36 @@ class TrackingConfig:
 
 
 @dataclass
+class AdaptiveConfig:
+    """Sliding-window refits over the test period (``mode=adaptive``, docs/adaptive.md).
+
+    Refit k (k = 0, 1, ...) happens at t_k = split.test_start + k * step days, on the rows dated in
+    [t_k - window days, t_k), and forecasts the days [t_k, t_k + horizon). The effects' state (feature
+    ranges, levels, forest thresholds) stays the one fitted on the training split: a refit refits
+    the coefficients only.
+    """
+
+    # Days of data each refit is fitted on.
+    window: int = 730
+    # Days between refits (1 = daily refits).
+    step: int = 1
+    # Days each refit forecasts from its date; None = step. Must be >= step, so every test day is
+    # forecast by the latest refit before it.
+    horizon: Optional[int] = None
+    # Direct route: recompute a window's Gram from its rows every this many refits (refit k with
+    # k % refresh == 0), up/down-dating it in between; 0 = only the first refit. Bounds the rounding
+    # drift of the running sums.
+    refresh: int = 64
+    # At most this many windows per batch; None = as many as the window budget allows.
+    max_batch_windows: Optional[int] = None
+    # Keep every refit's coefficients (K, G, D) on the host (returned, last one logged).
+    keep_coefficients: bool = True
+
+
+@dataclass
 class ModeConfig:
-    """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only."""
+    """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only;
+    ``adaptive`` refits on a sliding window over the test period (settings: `Config.adaptive`)."""
 
     name: ModeName = ModeName.run
 
@@ -215,5 +244,6 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     dtype: DType = DType.float64
     seed: int = 0
