@@ -13,12 +13,14 @@ from typing import Optional
 def main() -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import DictConfig
 
     from tamrun.config.load import config_dir
     from tamrun.config.store import register_configs
-    from tamrun.errors import TamrunError
+    from tamrun.errors import ConfigError, TamrunError
     from tamrun.runner import run
+    from tamrun.tracking.sweep import objective_name, sweep_tags
 
     register_configs()
     started = []
@@ -26,14 +28,23 @@ def main() -> None:
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def app(cfg: DictConfig) -> Optional[float]:
         started.append(True)
+        hydra_cfg = HydraConfig.get()
+        overrides = list(hydra_cfg.overrides.task)
+        tags = (sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides)
+                if hydra_cfg.mode == RunMode.MULTIRUN else {})
         try:
-            result = run(cfg, overrides=list(HydraConfig.get().overrides.task))
+            result = run(cfg, overrides=overrides, tags=tags)
+            if cfg.mode.name == "plan":
+                sys.stdout.write(result.plan.describe() + "\n")
+                return None
+            objective = objective_name(cfg)
+            if objective not in result.metrics:
+                raise ConfigError("objective", objective, "this run logged no such metric",
+                                  f"use one of: {', '.join(sorted(result.metrics))}")
         except TamrunError as exc:
             sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
             sys.exit(2)
-        if cfg.mode.name == "plan":
-            sys.stdout.write(result.plan.describe() + "\n")
-        return result.metrics.get("rmse_test")
+        return result.metrics[objective]
 
     try:
         app()

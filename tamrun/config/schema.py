@@ -93,6 +93,11 @@ class SplitConfig:
     train_end: str = "2023-12-31"
     test_start: str = "2024-01-01"
     test_end: Optional[str] = "2024-12-31"
+    # A validation period carved out of the training one (for tuning, never the test period): rows
+    # from validation_start to validation_end (None = train_end) are not fitted but predicted and
+    # scored as rmse_validation / mape_validation. None = no validation split.
+    validation_start: Optional[str] = None
+    validation_end: Optional[str] = None
 
 
 @dataclass
@@ -199,3 +204,6 @@ class Config:
     mode: ModeConfig = field(default_factory=ModeConfig)
     dtype: DType = DType.float64
     seed: int = 0
+    # The metric `python -m tamrun` returns to Hydra's sweepers (optuna minimises it) and a sweep's
+    # summary ranks by; None = rmse_validation with a validation split, else rmse_test.
+    objective: Optional[str] = None
