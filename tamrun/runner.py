@@ -34,7 +34,7 @@ from tamrun.memory.units import parse_size
 from tamrun.pipeline import DTYPES, build_features, load_splits, plan_memory, prediction_batch, solve
 from tamrun.solve.dispatcher import FitStats
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.plots import forecast_figure, memory_timeline_figure
+from tamrun.tracking.run_plots import log_run_plots
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +176,10 @@ def _fit_and_evaluate(config: Config, specs: Dict[str, Any], devices: DeviceMana
                                    columns=[f"{name}[{i - s.start}]" for name, s in design.block_slices()
                                             for i in range(s.start, s.stop)]).reset_index(), "model/coefficients.csv")
     if config.tracking.log_plots:
-        figure = forecast_figure(table, title=f"{config.model.name}: test RMSE {metrics['rmse_test']:.1f}")
-        tracked.log_figure(figure, "plots/forecast.png")
-        tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, plan.predicted_peak),
-                           "plots/memory_timeline.png")
+        log_run_plots(tracked, model, table, metrics, report, limit)
+    if config.tracking.log_model and tracked.enabled:
+        from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
+
+        log_pyfunc_model(tracked.log_dir, model, test_frame)
     return RunResult(run_id=None, route=plan.route, width=design.width, groups=model.groups, coef=coef,
                      metrics=metrics, predictions=table, plan=plan, stats=stats)

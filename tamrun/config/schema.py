@@ -83,6 +83,8 @@ class DataConfig:
     group: Optional[str] = "tod"
     derived: Dict[str, DerivedColumn] = field(default_factory=dict)
     nan_policy: NanPolicy = NanPolicy.error
+    # The target's unit, on the plots' axes (e.g. MW); "" = none.
+    unit: str = ""
 
 
 @dataclass
@@ -183,6 +185,8 @@ class TrackingConfig:
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
+    # The fitted model as an MLflow pyfunc (artifact model/pyfunc, with signature and input example).
+    log_model: bool = True
 
 
 @dataclass

@@ -156,6 +156,11 @@ class TrackedRun:
         if self.enabled:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    def log_dir(self, path: str, artifact_path: Optional[str] = None) -> None:
+        """Every file under the local folder ``path``, at ``artifact_path``."""
+        if self.enabled:
+            self.client.log_artifacts(self.run_id, path, artifact_path)
+
     def log_frame(self, frame: Any, artifact_file: str) -> None:
         """A pandas DataFrame as a CSV artifact."""
         if not self.enabled:
