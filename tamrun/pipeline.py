@@ -160,13 +160,14 @@ def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor
 
 
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, oom_log: Optional[OomLog] = None,
-          tracker: Optional[MemoryTracker] = None, snapshot: Callable[[str], None] = lambda label: None) -> FittedModel:
-    """Fit every group's coefficients along the plan."""
+          tracker: Optional[MemoryTracker] = None, snapshot: Callable[[str], None] = lambda label: None,
+          on_iteration: Optional[Callable[[int, float], None]] = None) -> FittedModel:
+    """Fit every group's coefficients along the plan (``on_iteration``: CG progress)."""
     design = features.design.to(devices.device)
     initial = (warm_start_coefficients(config.solver.warm_start, features.train.groups, design.width)
                if config.solver.warm_start else None)
     dispatcher = Dispatcher(design, devices, plan, config.solver, oom_settings(config.memory.oom),
-                            oom_log if oom_log is not None else OomLog(), tracker, snapshot, initial)
+                            oom_log if oom_log is not None else OomLog(), tracker, snapshot, initial, on_iteration)
     log.info("fitting %d groups, D=%d, route=%s", len(features.train.groups), design.width, plan.route)
     coef, stats = dispatcher.fit(features.train)
     return FittedModel(config, design, dispatcher, features.train.groups, coef, plan, stats, features.train)

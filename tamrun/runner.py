@@ -31,6 +31,7 @@ from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.report import memory_report, report_text
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import parse_size
+from tamrun.progress import ChunkProgress, IterationProgress
 from tamrun.pipeline import DTYPES, build_features, load_splits, plan_memory, prediction_batch, solve
 from tamrun.solve.dispatcher import FitStats
 from tamrun.tracking.mlflow_run import TrackedRun
@@ -129,8 +130,11 @@ def _fit_and_evaluate(config: Config, specs: Dict[str, Any], devices: DeviceMana
     oom_log = OomLog()
     tracker = MemoryTracker(plan.budget if limit is not None else None, plan.overhead)
     metered = config.memory.meter
+    chunks = ChunkProgress(len(features.train.groups), config.progress.value, recorder.snapshot)
+    iterations = IterationProgress(config.solver.max_iter, config.progress.value)
     with recorder.phase("solve", metered):
-        model = solve(config, features, plan, devices, oom_log, tracker, recorder.snapshot)
+        model = solve(config, features, plan, devices, oom_log, tracker, chunks, iterations)
+    iterations.close()
     with recorder.phase("predict", metered):
         predicted_train = model.dispatcher.predict(features.train, model.coef)
         predicted_test = model.dispatcher.predict(test, model.coef)

@@ -51,6 +51,13 @@ class ModeName(str, Enum):
     plan = "plan"
 
 
+class ProgressMode(str, Enum):
+    auto = "auto"  # a bar on a terminal, log lines otherwise
+    bar = "bar"
+    log = "log"
+    off = "off"
+
+
 class NanPolicy(str, Enum):
     error = "error"
     drop = "drop"
@@ -211,3 +218,5 @@ class Config:
     # The metric `python -m tamrun` returns to Hydra's sweepers (optuna minimises it) and a sweep's
     # summary ranks by; None = rmse_validation with a validation split, else rmse_test.
     objective: Optional[str] = None
+    # Progress of group chunks and CG iterations: auto (a bar on a terminal, log lines otherwise), bar, log, off.
+    progress: ProgressMode = ProgressMode.auto

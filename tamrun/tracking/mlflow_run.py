@@ -20,6 +20,9 @@ from tamrun.tracking.params import to_params
 
 log = logging.getLogger(__name__)
 
+# MLflow 3's UI opens an experiment of this kind on its runs table (not the GenAI overview).
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "forecasting"}
+
 
 def default_tracking_uri(cwd: Optional[Path] = None) -> str:
     """sqlite:///<cwd>/outputs/mlflow.db"""
@@ -82,7 +85,7 @@ class TrackedRun:
         root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
         location = Path(root).resolve().as_uri() if root and "://" not in root else root
         try:
-            return self.client.create_experiment(self.cfg.experiment, artifact_location=location)
+            return self.client.create_experiment(self.cfg.experiment, artifact_location=location, tags=EXPERIMENT_TAGS)
         except mlflow_exception:  # created meanwhile by a concurrent job
             found = self.client.get_experiment_by_name(self.cfg.experiment)
             if found is None:
