@@ -178,6 +178,10 @@ class TrackingConfig:
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
+    # sqlite stores: each connection waits this long for a lock held by another process.
+    busy_timeout_s: float = 60.0
+    # sqlite stores: the longest wait for <db>.lock (first creation/migration, experiment creation).
+    lock_timeout_s: float = 300.0
 
 
 @dataclass

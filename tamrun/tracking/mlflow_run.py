@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
 from tamrun.tracking.params import to_params
+from tamrun.tracking.store import experiment_id, open_client, sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +25,6 @@ log = logging.getLogger(__name__)
 def default_tracking_uri(cwd: Optional[Path] = None) -> str:
     """sqlite:///<cwd>/outputs/mlflow.db"""
     return f"sqlite:///{(cwd or Path.cwd()) / 'outputs' / 'mlflow.db'}"
-
-
-def _sqlite_path(uri: str) -> Optional[Path]:
-    return Path(uri[len("sqlite:///"):].split("?")[0]) if uri.startswith("sqlite:///") else None
 
 
 class TrackedRun:
@@ -54,9 +51,8 @@ class TrackedRun:
         if not self.enabled:
             return self
         from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
 
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         if db is not None:
             try:
                 db.parent.mkdir(parents=True, exist_ok=True)
@@ -64,8 +60,8 @@ class TrackedRun:
                 raise ConfigError("tracking.uri", self.uri, f"cannot create the store's folder ({exc})",
                                   "point tracking.uri at a writable location") from None
         try:
-            self.client = MlflowClient(tracking_uri=self.uri)
-            self.experiment_id = self._experiment_id(MlflowException)
+            self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
+            self.experiment_id = self._experiment_id()
             run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags)
         except MlflowException as exc:
             raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({exc.message})",
@@ -74,20 +70,11 @@ class TrackedRun:
         log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, self.uri)
         return self
 
-    def _experiment_id(self, mlflow_exception: type) -> str:
-        found = self.client.get_experiment_by_name(self.cfg.experiment)
-        if found is not None:
-            return found.experiment_id
-        db = _sqlite_path(self.uri)
+    def _experiment_id(self) -> str:
+        db = sqlite_path(self.uri)
         root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
         location = Path(root).resolve().as_uri() if root and "://" not in root else root
-        try:
-            return self.client.create_experiment(self.cfg.experiment, artifact_location=location)
-        except mlflow_exception:  # created meanwhile by a concurrent job
-            found = self.client.get_experiment_by_name(self.cfg.experiment)
-            if found is None:
-                raise
-            return found.experiment_id
+        return experiment_id(self.client, self.uri, self.cfg.experiment, location, self.cfg.lock_timeout_s)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self.enabled or self.run_id is None:
