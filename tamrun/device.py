@@ -44,6 +44,17 @@ def _read_status_kib(field: str) -> Optional[int]:
     return None
 
 
+# Device kinds whose backend has no float64 tensors.
+NO_FLOAT64 = ("mps",)
+
+
+def require_dtype(kind: str, dtype: torch.dtype) -> None:
+    """`DeviceError` naming ``dtype`` when device ``kind`` cannot hold ``dtype``."""
+    if kind in NO_FLOAT64 and dtype == torch.float64:
+        raise DeviceError("dtype", "float64", f"the {kind.upper()} backend has no float64 support",
+                          f"use dtype=float32 with hw={kind}, or hw=cpu")
+
+
 @dataclass
 class MemoryView:
     """Free and total memory of the device, in bytes, as the memory oracle sees it."""
@@ -74,9 +85,7 @@ class DeviceManager:
                               "use hw=auto or hw=cpu, or run on a machine with that device")
         self.kind = kind
         self.device = torch.device(kind)
-        if kind == "mps" and dtype == torch.float64:
-            raise DeviceError("dtype", "float64", "the MPS backend has no float64 support",
-                              "use dtype=float32 with hw=mps, or hw=cpu")
+        require_dtype(kind, dtype)
         self.limit: Optional[int] = None
         if threads is not None and kind == "cpu":
             torch.set_num_threads(threads)

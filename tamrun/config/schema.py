@@ -56,6 +56,13 @@ class NanPolicy(str, Enum):
     drop = "drop"
 
 
+class CheckPolicy(str, Enum):
+    """What a data check does when it finds a problem: stop the run (exit 2) or log a warning."""
+
+    error = "error"
+    warn = "warn"
+
+
 @dataclass
 class DerivedColumn:
     """A column computed from the data before the effects see it.
@@ -83,6 +90,13 @@ class DataConfig:
     group: Optional[str] = "tod"
     derived: Dict[str, DerivedColumn] = field(default_factory=dict)
     nan_policy: NanPolicy = NanPolicy.error
+    # Two rows with the same date in one group (the same date when there is no group).
+    duplicate_dates: CheckPolicy = CheckPolicy.error
+    # A model column that takes a single value over the whole training split.
+    constant_features: CheckPolicy = CheckPolicy.error
+    # A group with fewer training rows than the model has coefficients (the penalties decide the rest;
+    # normal for forest crossings solved in the dual form).
+    small_groups: CheckPolicy = CheckPolicy.warn
 
 
 @dataclass
@@ -182,6 +196,8 @@ class TrackingConfig:
     busy_timeout_s: float = 60.0
     # sqlite stores: the longest wait for <db>.lock (first creation/migration, experiment creation).
     lock_timeout_s: float = 300.0
+    # http(s) stores: how long to wait for the server's TCP answer before failing with a clear error.
+    connect_timeout_s: float = 5.0
 
 
 @dataclass

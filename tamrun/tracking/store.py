@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from pathlib import Path
 from typing import Iterator, Optional
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tamrun.errors import ConfigError
 
@@ -38,6 +39,33 @@ def with_busy_timeout(uri: str, busy_timeout_s: float) -> str:
     params = dict(parse_qsl(query))
     params.setdefault("timeout", f"{busy_timeout_s:g}")
     return f"{base}?{urlencode(params)}"
+
+
+_FIX = "point tracking.uri at a reachable, writable store, or set tracking.enabled=false"
+
+
+def check_store(uri: str, connect_timeout_s: float) -> None:
+    """Fail fast, naming tracking.uri: a sqlite file whose folder cannot be created or that is not a
+    file; an http(s) server that does not answer a TCP connection within ``connect_timeout_s``
+    (MLflow itself would retry for minutes)."""
+    db = sqlite_path(uri)
+    if db is not None:
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("tracking.uri", uri, f"cannot create the store's folder ({exc})", _FIX) from None
+        if db.exists() and not db.is_file():
+            raise ConfigError("tracking.uri", uri, f"{db} exists and is not a file", _FIX)
+        return
+    parts = urlsplit(uri)
+    if parts.scheme in ("http", "https"):
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=connect_timeout_s).close()
+        except OSError as exc:
+            raise ConfigError("tracking.uri", uri, f"the tracking server does not answer ({exc})",
+                              "start the server, use a local store (tracking.uri=sqlite:///outputs/mlflow.db), "
+                              "or set tracking.enabled=false") from None
 
 
 @contextlib.contextmanager
