@@ -125,6 +125,10 @@ class HardwareConfig:
     preference: List[str] = field(default_factory=lambda: ["cuda", "mps", "xpu", "cpu"])
     # torch intra-op threads on the CPU; None leaves torch's default.
     threads: Optional[int] = None
+    # CUDA only: torch.use_deterministic_algorithms (index_add_ by a sorted, deterministic kernel instead
+    # of float atomics; cuBLAS with a fixed workspace) for bitwise-repeatable GPU runs, at some speed.
+    # CPU runs are bitwise repeatable either way.
+    deterministic: bool = False
 
 
 @dataclass
