@@ -19,7 +19,8 @@ import torch
 from tamrun.config.effects import effect_columns
 from tamrun.config.schema import Config, DType
 from tamrun.data.batch import GroupedBatch, build_batch
-from tamrun.data.checks import apply_nan_policy, check_table
+from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_duplicate_dates, check_table,
+                                 drop_missing_groups, enforce)
 from tamrun.data.derive import add_derived_columns
 from tamrun.data.load import load_table
 from tamrun.data.split import split_by_date
@@ -49,7 +50,11 @@ def load_splits(config: Config, specs: Dict[str, Any]) -> Tuple[pd.DataFrame, pd
     numeric.update(effect_columns(specs))
     check_table(frame, numeric, {"data.group": data.group} if data.group else {})
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
-    return split_by_date(frame, config.split, data.date_column)
+    frame = drop_missing_groups(frame, data.group, data.nan_policy)
+    check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates)
+    train, test = split_by_date(frame, config.split, data.date_column)
+    check_constant_columns(train, effect_columns(specs), data.constant_features)
+    return train, test
 
 
 def prediction_batch(config: Config, design: AdditiveDesign, groups: list, frame: pd.DataFrame,
@@ -109,8 +114,11 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)
-        log.warning("group %r has %d training rows for %d coefficients: the penalties decide the rest",
-                    train.groups[int(train.counts.argmin())], smallest, design.width)
+        group = train.groups[int(train.counts.argmin())]
+        enforce(data.small_groups, DataError(
+            "data.group", data.group, f"group {group!r} has {smallest} training row(s) for {design.width} "
+            "coefficients: the penalties decide the rest", "train on more rows, group more coarsely, use a smaller "
+            "model, or set data.small_groups=warn"))
     return Features(train, design)
 
 

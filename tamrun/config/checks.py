@@ -88,5 +88,9 @@ def check_config(cfg: Config) -> None:
             _require(bool(derived.expr), f"{field}.expr", derived.expr, "an expr column needs an expression",
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
 
+    for name in ("busy_timeout_s", "lock_timeout_s", "connect_timeout_s"):
+        value = getattr(cfg.tracking, name)
+        _require(math.isfinite(value) and value > 0, f"tracking.{name}", value,
+                 "a wait must be a positive number of seconds", f"set tracking.{name}=60")
     _require(bool(cfg.tracking.experiment), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", "set tracking.experiment=tamrun")

@@ -63,6 +63,13 @@ class NanPolicy(str, Enum):
     drop = "drop"
 
 
+class CheckPolicy(str, Enum):
+    """What a data check does when it finds a problem: stop the run (exit 2) or log a warning."""
+
+    error = "error"
+    warn = "warn"
+
+
 @dataclass
 class DerivedColumn:
     """A column computed from the data before the effects see it.
@@ -92,6 +99,13 @@ class DataConfig:
     nan_policy: NanPolicy = NanPolicy.error
     # The target's unit, on the plots' axes (e.g. MW); "" = none.
     unit: str = ""
+    # Two rows with the same date in one group (the same date when there is no group).
+    duplicate_dates: CheckPolicy = CheckPolicy.error
+    # A model column that takes a single value over the whole training split.
+    constant_features: CheckPolicy = CheckPolicy.error
+    # A group with fewer training rows than the model has coefficients (the penalties decide the rest;
+    # normal for forest crossings solved in the dual form).
+    small_groups: CheckPolicy = CheckPolicy.warn
 
 
 @dataclass
@@ -125,6 +139,10 @@ class HardwareConfig:
     preference: List[str] = field(default_factory=lambda: ["cuda", "mps", "xpu", "cpu"])
     # torch intra-op threads on the CPU; None leaves torch's default.
     threads: Optional[int] = None
+    # CUDA only: torch.use_deterministic_algorithms (index_add_ by a sorted, deterministic kernel instead
+    # of float atomics; cuBLAS with a fixed workspace) for bitwise-repeatable GPU runs, at some speed.
+    # CPU runs are bitwise repeatable either way.
+    deterministic: bool = False
 
 
 @dataclass
@@ -194,6 +212,12 @@ class TrackingConfig:
     log_plots: bool = True
     # The fitted model as an MLflow pyfunc (artifact model/pyfunc, with signature and input example).
     log_model: bool = True
+    # sqlite stores: each connection waits this long for a lock held by another process.
+    busy_timeout_s: float = 60.0
+    # sqlite stores: the longest wait for <db>.lock (first creation/migration, experiment creation).
+    lock_timeout_s: float = 300.0
+    # http(s) stores: how long to wait for the server's TCP answer before failing with a clear error.
+    connect_timeout_s: float = 5.0
 
 
 @dataclass

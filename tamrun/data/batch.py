@@ -52,7 +52,8 @@ def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group:
     try:
         gidx = np.fromiter((position[k] for k in keys), dtype=np.int64, count=len(keys))
     except KeyError as exc:
-        raise DataError("data.group", group, f"group {exc.args[0]!r} appears in the test split but not in training",
+        unseen = exc.args[0].item() if hasattr(exc.args[0], "item") else exc.args[0]  # numpy scalar -> Python
+        raise DataError("data.group", group, f"group {unseen!r} appears in the test split but not in training",
                         "train on a period that covers every group, or drop that group") from None
     order = np.argsort(gidx, kind="stable")
     counts = np.bincount(gidx, minlength=len(groups))

@@ -115,8 +115,10 @@ class SweepCallback(Callback):
         if settings.enabled:
             tags = {SWEEP_ID_TAG: sweep_id, "sweep_role": "parent", "sweep_dir": info["sweep_dir"],
                     "sweep_command": " ".join(OmegaConf.to_container(config.hydra.overrides.task))[:5000]}
-            parent = TrackedRun(settings, run_name=f"sweep-{sweep_id}", tags=tags).__enter__()
-            info.update(parent_run_id=parent.run_id, experiment_id=parent.experiment_id, tracking_uri=parent.uri)
+            parent = TrackedRun(settings, run_name=f"sweep-{sweep_id}", tags=tags)
+            parent.start_detached()
+            info.update(parent_run_id=parent.run_id, experiment_id=parent.experiment_id, tracking_uri=parent.uri,
+                        busy_timeout_s=settings.busy_timeout_s, lock_timeout_s=settings.lock_timeout_s)
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
         if settings.enabled:
             # A failing job ends Hydra's sweep with its exception, without on_multirun_end.
@@ -139,9 +141,9 @@ class SweepCallback(Callback):
 
 def close_sweep(info: Dict[str, Any], objective: str, aborted: bool = False) -> pd.DataFrame:
     """Write the summary to the parent run and end it: FINISHED when every job finished, else FAILED."""
-    from mlflow.tracking import MlflowClient
+    from tamrun.tracking.store import open_client
 
-    client = MlflowClient(tracking_uri=info["tracking_uri"])
+    client = open_client(info["tracking_uri"], info["busy_timeout_s"], info["lock_timeout_s"])
     parent = info["parent_run_id"]
     table = summary_table(client, info["experiment_id"], info["sweep_id"], parent)
     write_summary(client, parent, table, objective)
