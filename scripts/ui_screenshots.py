@@ -6,7 +6,8 @@ saves the experiment's run list and the comparison of the two runs as PNGs:
 
     python scripts/ui_screenshots.py --out docs/img [--port 5077] [--chromium chromium]
 
-Needs Chromium (Debian: apt-get install chromium). Everything it starts is stopped before it exits.
+Needs Chromium (Debian: apt-get install chromium) and playwright (pip install 'tamrun[docs]'; it drives
+the system's Chromium, no browser download). Everything it starts is stopped before it exits.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from typing import List
 log = logging.getLogger("ui_screenshots")
 
 JOBS = ["model=fourier,spline"]  # the two runs to compare
-WINDOW = "1600,1000"
 
 
 def wait_for(url: str, seconds: float) -> None:
@@ -44,13 +44,61 @@ def wait_for(url: str, seconds: float) -> None:
     raise TimeoutError(f"{url} did not answer within {seconds:.0f} s")
 
 
-def screenshot(chromium: str, url: str, path: Path, budget_ms: int) -> None:
-    """Render ``url`` (the React app gets ``budget_ms`` of virtual time) and save a PNG."""
-    with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--user-data-dir={profile}", f"--window-size={WINDOW}",
-                        f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url],
-                       check=True, timeout=180, capture_output=True)
+METRICS = ["rmse_test", "fit_seconds", "peak_memory_bytes", "oom_retries"]  # columns of the run list
+HIDDEN = ["Dataset", "Source", "Models"]  # attribute columns left out of the run list
+
+
+def open_page(browser, base: str, height: int):
+    """A page in MLflow's "Model training" mode, its assistant panel closed."""
+    page = browser.new_page(viewport={"width": 1600, "height": height})
+    page.goto(f"{base}/")
+    page.get_by_text("Model training", exact=True).first.click(timeout=60_000)
+    return page
+
+
+def close_assistant(page) -> None:
+    close = page.get_by_role("button", name="Close", exact=True)
+    if close.count():
+        close.first.click()
+        page.wait_for_timeout(500)
+
+
+def run_list(browser, base: str, experiment: str, path: Path) -> None:
+    """The experiment's runs: the sweep's parent expanded, the metrics people compare as columns."""
+    page = open_page(browser, base, 520)
+    page.goto(f"{base}/#/experiments/{experiment}/runs")
+    page.get_by_text("sweep-", exact=False).first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.get_by_role("button", name="Columns").click()
+    for name in HIDDEN + METRICS:
+        page.get_by_text(name, exact=True).last.click()
+        page.wait_for_timeout(200)
+    page.keyboard.press("Escape")
+    parent = page.get_by_text("sweep-", exact=False).first.bounding_box()
+    page.mouse.click(parent["x"] - 32, parent["y"] + parent["height"] / 2)  # the row's expand toggle
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path))
+    log.info("saved %s", path)
+
+
+def comparison(browser, base: str, experiment: str, ids: List[str], path: Path) -> None:
+    """The two runs side by side: run details, the parameters that differ and every metric."""
+    page = open_page(browser, base, 1150)
+    page.goto(f"{base}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment])}".replace(" ", ""))
+    page.get_by_text("Run details", exact=True).wait_for(timeout=60_000)
+    close_assistant(page)
+    # The parallel coordinates plot: the metrics people compare instead of its default (rmse_train).
+    metrics = page.locator("input[role=combobox]").nth(1)
+    metrics.click()
+    page.keyboard.press("Backspace")  # removes rmse_train
+    for name in METRICS:
+        metrics.fill(name)
+        page.keyboard.press("Enter")
+        page.wait_for_timeout(300)
+    page.keyboard.press("Escape")
+    page.get_by_text("Comparing", exact=False).first.click()
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path))
     log.info("saved %s", path)
 
 
@@ -66,7 +114,6 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/img"))
     parser.add_argument("--port", type=int, default=5077)
     parser.add_argument("--chromium", default=shutil.which("chromium") or "chromium")
-    parser.add_argument("--budget-ms", type=int, default=20000, help="virtual time the page gets to render")
     parser.add_argument("--experiment", default="tamrun-ui")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -90,11 +137,15 @@ def main(argv: List[str] | None = None) -> None:
             runs = api(base, "runs/search", {"experiment_ids": [experiment],
                                               "filter": "tags.sweep_job != ''"})["runs"]
             ids = [r["info"]["run_id"] for r in runs]
-            screenshot(args.chromium, f"{base}/#/experiments/{experiment}", args.out / "mlflow_runs.png",
-                       args.budget_ms)
-            compare = (f"{base}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment])}"
-                       .replace(" ", ""))
-            screenshot(args.chromium, compare, args.out / "mlflow_compare.png", args.budget_ms)
+            from playwright.sync_api import sync_playwright
+
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
+                try:
+                    run_list(browser, base, experiment, args.out / "mlflow_runs.png")
+                    comparison(browser, base, experiment, ids, args.out / "mlflow_compare.png")
+                finally:
+                    browser.close()
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)

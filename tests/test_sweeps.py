@@ -68,6 +68,7 @@ def test_a_parallel_sweep_records_every_job_under_one_parent(tmp_path, csv_path)
         assert row.rmse_test == pytest.approx(run.data.metrics["rmse_test"], rel=1e-12)
         assert "model.effects.sx.k=" in row.overrides
     assert parent.data.metrics["best_rmse_test"] == pytest.approx(summary["rmse_test"].min(), rel=1e-12)
+    assert "sweep/objective.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
     assert "| job | run_id |" in (Path(client.download_artifacts(parent.info.run_id, "sweep/summary.md",
                                                                      str(tmp_path)))).read_text()
 
@@ -130,3 +131,11 @@ def test_the_penalty_search_tunes_on_a_validation_year_before_the_test_year():
     assert cfg.objective == "rmse_validation" and cfg.model.name == "fourier"
     assert cfg.split.validation_start < cfg.split.train_end < cfg.split.test_start
     assert "tamrun.tracking.sweep.SweepCallback" in str(cfg.hydra.callbacks)
+
+
+def test_help_lists_the_groups_the_experiment_and_the_launchers(tmp_path):
+    done = tamrun("--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for line in ("experiment: tune_penalties", "model: custom, forest, forest_big, forest_fourier, fourier, spline",
+                 "hydra/launcher=parallel|slurm|ray_cluster|submitit_local", "docs/sweeps.md"):
+        assert line in done.stdout, done.stdout[:2000]

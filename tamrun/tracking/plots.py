@@ -138,3 +138,20 @@ def memory_timeline_figure(snapshots: list, limit: int | None, predicted_peak: i
         axis.grid(alpha=0.3)
         axis.legend(loc="best", fontsize="small")
     return figure
+
+
+def sweep_objective_figure(table: pd.DataFrame, objective: str, unit: str = ""):
+    """A sweep's objective per job (in job order) with the best so far."""
+    from matplotlib.figure import Figure
+
+    done = table.dropna(subset=[objective]).sort_values("job")
+    figure = Figure(figsize=(9, 4), layout="constrained")
+    axis = figure.subplots()
+    axis.plot(done["job"], done[objective], "o", ms=4, label=f"{objective} of the job")
+    axis.step(done["job"], done[objective].cummin(), where="post", color="tab:red", label="best so far")
+    axis.set_xlabel("job (trial) number")
+    axis.set_ylabel(_label(objective, unit))
+    axis.set_title(f"Sweep: {objective} per job ({len(done)} jobs)")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper right")
+    return figure

@@ -22,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from tamrun.config.schema import TrackingConfig
+from tamrun.tracking.plots import sweep_objective_figure
 
 log = logging.getLogger(__name__)
 
@@ -168,3 +169,4 @@ def write_summary(client: Any, parent_run_id: str, table: pd.DataFrame, objectiv
         best = table.loc[table[objective].idxmin()]
         client.log_metric(parent_run_id, f"best_{objective}", float(best[objective]))
         client.set_tag(parent_run_id, "best_run_id", best["run_id"])
+        client.log_figure(parent_run_id, sweep_objective_figure(table, objective), "sweep/objective.png")
