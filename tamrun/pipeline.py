@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from tamrun.config.effects import effect_columns
-from tamrun.config.schema import Config, DType
+from tamrun.config.schema import Config, DType, SolverConfig
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_duplicate_dates, check_table,
                                  drop_missing_groups, enforce)
@@ -30,12 +30,13 @@ from tamrun.effects.design import AdditiveDesign, needed_columns
 from tamrun.effects.registry import build_effects
 from tamrun.errors import ConfigError, DataError
 from tamrun.evaluate import predictions_table
-from tamrun.memory.footprint import ProblemSize, leaf_count_bytes
+from tamrun.memory.footprint import ProblemSize, kernel_build_bytes
 from tamrun.memory.guard import OomLog, oom_settings
 from tamrun.memory.oracle import MemoryOracle, Plan
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import parse_size
 from tamrun.solve.dispatcher import Dispatcher, FitStats
+from tamrun.solve.dual import count_dtype
 
 log = logging.getLogger(__name__)
 
@@ -130,12 +131,14 @@ def problem_size(features: Features, n_predict_rows: int = 0, config: Optional[C
     if config is not None and config.solver.preconditioner.value == "block_jacobi":
         blocks = design.dense_width ** 2 if design.dense_width <= config.solver.block_max_dim else 0
         blocks += sum(e.width * e.grid_q for e in design.indexed_effects if e.grid_q > 1)  # R Q^2
-    dense_max = config.solver.dual_dense_counts_max if config is not None else 0
-    count_bytes = max((leaf_count_bytes(train.x.shape[1], e.slots, e.width // e.grid_q, dense_max)
-                       for e in design.indexed_effects), default=0)
+    solver = config.solver if config is not None else SolverConfig()
+    counts = getattr(torch, solver.dual_counts_dtype.value)
+    forests = [(e.slots, e.width // e.grid_q, count_dtype(e.slots, counts).itemsize,
+                e.width // e.grid_q > solver.dual_dense_counts_max) for e in design.indexed_effects]
+    kernel_build = kernel_build_bytes(train.x.shape[1], itemsize, solver.dual_tile_rows, forests)
     return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width, itemsize=itemsize,
                        row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_elements=blocks,
-                       kernel_row=design.kernel_row_bytes(itemsize), count_bytes=count_bytes)
+                       kernel_row=design.kernel_row_bytes(itemsize), kernel_build=kernel_build)
 
 
 def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0) -> Plan:

@@ -161,7 +161,7 @@ CASES = [
          csv=True, frame=_nan_target, subprocess=True),
     Case("inf in a feature", [], ["model.effects.sx.column='x'", "2 row(s) hold NaN or inf"], True, csv=True,
          frame=_inf_feature),
-    Case("duplicated timestamps", [], ["data.date_column='date'", "4 row(s) repeat a date within a group",
+    Case("duplicated timestamps", [], ["data.date_column='date'", "4 row(s) repeat a date (first: 2020-01-05 04:00:00 in group 1 of column 'g')",
                                        "data.duplicate_dates=warn"], True, csv=True, frame=_duplicated_dates),
     Case("rows without a group", [], ["data.group='g'", "2 row(s) have no group value"], True, csv=True,
          frame=_missing_group),
@@ -179,7 +179,7 @@ CASES = [
     Case("level seen only in the test set", [], ["model.effects.dow.column='dow'", "level(s) [6]",
                                                  "never in training"], True, csv=True, frame=_test_only_level),
     Case("constant feature", ["+model.effects.c={kind: linear, column: c}"],
-         ["model.effects.c.column='c'", "constant over the training split", "data.constant_features=warn"], True,
+         ["model.effects.c.column='c'", "constant over the training split (value 1.0 in all 8784 rows)", "data.constant_features=warn"], True,
          csv=True, frame=_constant_column),
     Case("impossible memory limit", ["memory.limit=1KiB"], ["memory.limit='1.00 KiB'", "raise memory.limit"], True,
          csv=True),
@@ -282,3 +282,44 @@ def test_float64_on_a_device_without_it_is_refused():
         require_dtype("mps", torch.float64)
     require_dtype("mps", torch.float32)
     require_dtype("cpu", torch.float64)
+
+
+# --- inputs that are handled rather than refused (docs/reliability.md says what happens to each)
+
+def _shuffled(f: pd.DataFrame) -> pd.DataFrame:
+    return f.sample(frac=1.0, random_state=0)
+
+
+def _run_csv(tmp_path: Path, monkeypatch, edit, *argv: str):
+    """The CLI on the synthetic CSV edited by ``edit``: (exit code, the run, its logs/run.log)."""
+    case = Case("handled", list(argv), [], True, frame=edit, csv=True)
+    args = _prepare(case, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    main(args)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (logged,) = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id])
+    text = Path(client.download_artifacts(logged.info.run_id, "logs/run.log", str(tmp_path))).read_text()
+    coef = pd.read_csv(client.download_artifacts(logged.info.run_id, "model/coefficients.csv", str(tmp_path)))
+    return logged, text, coef
+
+
+def test_unsorted_timestamps_are_sorted_and_fit_as_sorted(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, _, shuffled = _run_csv(tmp_path / "a", monkeypatch, _shuffled, "tracking.log_plots=false")
+    logged, _, ordered = _run_csv(tmp_path / "b", monkeypatch, None, "tracking.log_plots=false")
+    assert logged.info.status == "FINISHED"
+    pd.testing.assert_frame_equal(shuffled, ordered, check_exact=False, rtol=1e-9)
+
+
+def test_nan_policy_drop_drops_and_says_how_many(tmp_path, monkeypatch):
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _nan_target, "data.nan_policy=drop", "tracking.log_plots=false")
+    assert logged.info.status == "FINISHED"
+    assert "dropping 3 row(s) with NaN/inf in ['y'" in text
+    assert logged.data.metrics["n_train_rows"] == 366 * 24 - 3  # 2020 is a leap year; rows 10, 20, 30 dropped
+
+
+def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch):
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false")
+    assert logged.info.status == "FINISHED"
+    assert "group 2 has 5 training row(s) for" in text and "the config says warn" in text

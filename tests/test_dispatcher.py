@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tamrun.config.effects import CategoricalSpec, FourierSpec, LinearSpec, SplineSpec
-from tamrun.config.schema import OomConfig, Preconditioner, SolverConfig
+from tamrun.config.schema import CountDType, OomConfig, Preconditioner, SolverConfig
 from tamrun.data.batch import build_batch
 from tamrun.device import DeviceManager
 from tamrun.effects.categorical import CategoricalEffect
@@ -159,23 +159,35 @@ def test_dual_form_matches_the_primal_and_the_dense_reference():
     assert batch.x.shape[1] < design.width  # N < D
     reference = reference_coefficients(batch, design)
     coefs = {}
-    for dual, counts_max in ((True, 4096), (True, 0), (False, 4096)):  # dense and sparse leaf counts
+    # dense (bfloat16, float32) and sparse leaf counts; K's lower triangle in one tile or in tiles of 7 rows
+    variants = [(True, 4096, "bfloat16", 512), (True, 4096, "float32", 7), (True, 0, "bfloat16", 7),
+                (False, 4096, "bfloat16", 512)]
+    for dual, counts_max, counts, tile in variants:
         plan = Plan(route="direct", reason="test", fit=ChunkPlan(1, 17, 0), predict=ChunkPlan(3, 17, 0),
                     cache_design=False, budget=0, free=0, predicted_peak=0, dual=dual)
-        solver = SolverConfig(dual_dense_counts_max=counts_max)
+        solver = SolverConfig(dual_dense_counts_max=counts_max, dual_counts_dtype=CountDType(counts),
+                              dual_tile_rows=tile)
         coef, _ = Dispatcher(design, DeviceManager("cpu"), plan, solver, OomConfig(), OomLog()).fit(batch)
-        coefs[dual, counts_max] = coef.numpy()
-    for counts_max in (4096, 0):
-        assert max_rel(coefs[True, counts_max], reference) <= 1e-8
-        assert max_rel(coefs[True, counts_max], coefs[False, 4096]) <= 1e-8
+        coefs[dual, counts_max, counts, tile] = coef.numpy()
+    primal = coefs[variants[-1]]
+    for variant in variants[:-1]:
+        assert max_rel(coefs[variant], reference) <= 1e-8, variant
+        assert max_rel(coefs[variant], primal) <= 1e-8, variant
 
 
 @pytest.mark.parametrize("dense_max", [0, 10_000])
-def test_leaf_counts_dense_and_sparse_equal_the_pairwise_count(dense_max):
-    from tamrun.solve.dual import leaf_counts
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_leaf_count_tiles_equal_the_pairwise_count(dense_max, dtype):
+    """Every tile of C (dense product in bfloat16 or float32, or sparse) equals the explicit pairwise
+    count exactly; 300 trees exceed bfloat16's exact integers, so count_dtype falls back to float32."""
+    from tamrun.solve.dual import LeafCounts, count_dtype
 
     rng = np.random.default_rng(3)
-    leaves = rng.integers(0, 4, size=(37, 5)) + 4 * np.arange(5)  # 5 trees of 4 leaves each
-    expected = (leaves[:, None, :] == leaves[None, :, :]).sum(-1)  # explicit pairwise comparison
-    counts = leaf_counts(torch.as_tensor(leaves), 20, dense_max, block_rows=8)
-    np.testing.assert_array_equal(counts.numpy(), expected)
+    for trees, rows in ((5, 37), (300, 23)):
+        leaves = rng.integers(0, 2, size=(rows, trees)) + 2 * np.arange(trees)  # trees of 2 leaves each
+        expected = (leaves[:, None, :] == leaves[None, :, :]).sum(-1)  # explicit pairwise comparison
+        counter = LeafCounts(torch.as_tensor(leaves), 2 * trees, dense_max, count_dtype(trees, dtype))
+        for start, stop, upto in ((0, 8, 8), (8, 16, 16), (16, rows, rows), (3, 11, rows)):
+            tile = counter.tile(start, stop, upto)
+            np.testing.assert_array_equal(tile.float().numpy(), expected[start:stop, :upto])
+    assert count_dtype(256, torch.bfloat16) == torch.bfloat16 and count_dtype(257, torch.bfloat16) == torch.float32

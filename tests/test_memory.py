@@ -8,7 +8,7 @@ import torch
 from tamrun.config.schema import MemoryConfig, OomConfig
 from tamrun.errors import ConfigError, MemoryBudgetError
 from tamrun.effects.design import RowBytes
-from tamrun.memory.footprint import ProblemSize, dense_system_bytes, direct_row_bytes, leaf_count_bytes
+from tamrun.memory.footprint import ProblemSize, dense_system_bytes, direct_row_bytes, kernel_build_bytes
 from tamrun.memory.guard import OomLog, oom_settings, retry_on_oom
 from tamrun.memory.oracle import MemoryOracle, pick_chunk
 from tamrun.memory.units import parse_size
@@ -97,15 +97,17 @@ def test_dual_form_when_a_group_has_fewer_rows_than_columns():
     oracle = MemoryOracle(MemoryConfig(max_dense_dim=100), limit=None, on_gpu=False)
     row = RowBytes(build=8 * 110, store=8 * 50, gram=0, apply=16)
     wide = ProblemSize(n_groups=4, n_rows=80, width=500, itemsize=8, row=row, kernel_row=64,
-                       count_bytes=leaf_count_bytes(80, 5, 40, dense_max=4096))
+                       kernel_build=kernel_build_bytes(80, 8, 512, [(5, 40, 2, False)]))
     # N = 80 <= max_dense_dim although D = 500 is not: the N x N system is direct
     assert oracle.route(wide, free=10**9, dual=True)[0] == "direct"
     assert oracle.route(wide, free=10**9, dual=False)[0] == "cg"
     plan = oracle.plan(wide, free=10**9, dual=True)
     assert plan.dual and plan.route == "direct" and plan.fit.groups == 1  # one N x N system at a time
-    # K, the float32 counts and one (G G') term, then K and its factor; all N rows and their whitened copies
+    # K with the bfloat16 leaf indicator (N R 2) and one tile of all 80 rows (tile and term, 2 b N 8,
+    # the counts' tile b N 2), then K and its factor; all N rows and their whitened copies
     n2 = 80 * 80
-    expected = max(n2 * 12 + max(4 * 80 * 40, n2 * 8), 2 * n2 * 8) + 80 * (8 * 50 + 64)
+    build = 80 * 40 * 2 + 2 * 80 * 80 * 8 + 80 * 80 * 2
+    expected = max(n2 * 8 + build, 2 * n2 * 8) + 80 * (8 * 50 + 64)
     assert plan.fit_cost.fixed == expected
     tall = ProblemSize(n_groups=4, n_rows=1000, width=50, itemsize=8, row=row)
     assert not oracle.plan(tall, free=10**9, dual=True).dual  # N >= D: the primal system is smaller

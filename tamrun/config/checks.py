@@ -66,6 +66,8 @@ def check_config(cfg: Config) -> None:
              "set solver.jitter=1e-6, or solver.dual=false")
     _require(sol.dual_dense_counts_max >= 0, "solver.dual_dense_counts_max", sol.dual_dense_counts_max,
              "must be >= 0", "set solver.dual_dense_counts_max=4096")
+    _require(sol.dual_tile_rows >= 1, "solver.dual_tile_rows", sol.dual_tile_rows, "must be >= 1",
+             "set solver.dual_tile_rows=1024")
 
     hw = cfg.hw
     known = {"cuda", "mps", "xpu", "cpu"}

@@ -41,6 +41,11 @@ def apply_nan_policy(frame: pd.DataFrame, columns: Mapping[str, str], policy: Na
                     "clean the data, or set data.nan_policy=drop to drop those rows")
 
 
+def plain(value):
+    """A numpy scalar as the Python value it holds (so that messages read 3, not np.int64(3))."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def enforce(policy: CheckPolicy, error: DataError) -> None:
     """Raise ``error`` (policy ``error``) or log it as a warning (policy ``warn``)."""
     if policy == CheckPolicy.error:
@@ -68,10 +73,10 @@ def check_duplicate_dates(frame: pd.DataFrame, date_column: str, group: Optional
     keys = [date_column] + ([group] if group else [])
     duplicated = frame.duplicated(keys, keep="first")
     if duplicated.any():
-        first = frame.loc[duplicated.idxmax(), keys].tolist()
-        within = f" within a group of column {group!r}" if group else ""
+        first = frame.loc[duplicated.idxmax()]
+        where = f" in group {plain(first[group])!r} of column {group!r}" if group else ""
         enforce(policy, DataError("data.date_column", date_column,
-                                  f"{int(duplicated.sum())} row(s) repeat a date{within} (first: {first})",
+                                  f"{int(duplicated.sum())} row(s) repeat a date (first: {first[date_column]}{where})",
                                   "aggregate or drop the duplicated rows, set data.group to the column that tells "
                                   "them apart, or set data.duplicate_dates=warn"))
 
@@ -82,5 +87,5 @@ def check_constant_columns(train: pd.DataFrame, columns: Mapping[str, str], poli
         values = train[column]
         if values.nunique(dropna=True) <= 1:
             enforce(policy, DataError(field, column, f"the column is constant over the training split "
-                                      f"(value {values.iloc[0]!r} in all {len(values)} rows): the effect learns nothing",
+                                      f"(value {plain(values.iloc[0])!r} in all {len(values)} rows): the effect learns nothing",
                                       "remove this effect, pick another column, or set data.constant_features=warn"))

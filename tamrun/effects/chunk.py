@@ -5,8 +5,9 @@ All products carry a leading group dimension g; weights (0 for padding) are alre
 
 Batch invariance: a group's products are bitwise the same whatever other groups share its chunk (a
 memory cap changes the chunks; the coefficients must not change). Batched BLAS calls are not (a
-chunk of one group takes a matrix-vector path, a larger one a batched product), so the dense
-products here are elementwise products reduced per row, and Gram blocks one 2-D product per group.
+chunk of one group takes a matrix-vector path, a larger one a batched product; MKL's GEMM also
+rounds by its output's memory alignment), so the dense products here are elementwise products
+reduced per row, and Gram blocks one 2-D product per group into a fresh tensor.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ def jittered_factor(matrix: torch.Tensor, jitter: float) -> torch.Tensor:
 
 
 def add_gram_(out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group."""
+    """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group, each into a
+    fresh (64-byte aligned) tensor, then added: MKL's GEMM rounds differently with the alignment of
+    its output, and out[g]'s alignment depends on the group's place in the chunk."""
     for group in range(dense.shape[0]):
-        out[group].addmm_(dense[group].mT, dense[group])
+        out[group] += dense[group].mT @ dense[group]
     return out
 
 

@@ -8,10 +8,11 @@ for indexed blocks), apply (one product Phi v or Phi' u). Per group:
 
     direct          fixed (2 D^2 + 4 D) s            Gram + rhs, Cholesky factor, solution
                     per row max(build, store + max(gram, apply))
-    direct, dual    fixed max(N^2 (s + 4) + max(counts, N^2 s), 2 N^2 s) + N (store + kernel)
-                    (N < D: the N x N kernel K, the leaf co-occurrence counts (float32) and one
-                    block's term or the counts' temporaries, then K and its factor; all N rows of
-                    the group kept, with their whitened copies); per row build; one group per chunk
+    direct, dual    fixed max(N^2 s + build, 2 N^2 s) + N (store + kernel)
+                    (N < D: the N x N kernel K while its lower triangle is built tile by tile, with
+                    the leaf indicators and one tile's temporaries (`kernel_build_bytes`), then K and
+                    its factor; all N rows of the group kept, with their whitened copies); per row
+                    build; one group per chunk
     cg, cached      fixed (8 D + 3 K) s + N store    CG vectors, block-Jacobi blocks (K = Dd^2 if Dd <= 512,
                                                      plus R Q^2 per forest crossing); W Phi kept between iterations
                     per row max(build - store, apply) the chunk being built becomes part of the cache
@@ -24,6 +25,7 @@ A step's footprint is g * (fixed + r * per row), times the overhead factor (defa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence, Tuple
 
 from tamrun.effects.design import RowBytes
 
@@ -40,7 +42,7 @@ class ProblemSize:
     n_predict_rows: int = 0
     preconditioner_elements: int = 0  # per group: the blocks block-Jacobi inverts (Dd^2 + sum R Q^2)
     kernel_row: int = 0  # bytes per row of the dual route's whitened rows (`AdditiveDesign.kernel_row_bytes`)
-    count_bytes: int = 0  # the dual's leaf co-occurrence temporaries for its largest indexed block (`leaf_count_bytes`)
+    kernel_build: int = 0  # the dual's temporaries while K is built (`kernel_build_bytes`)
 
 
 def dense_system_bytes(p: ProblemSize) -> int:
@@ -48,20 +50,27 @@ def dense_system_bytes(p: ProblemSize) -> int:
     return (2 * p.width * p.width + 4 * p.width) * p.itemsize
 
 
-def leaf_count_bytes(n_rows: int, slots: int, grid_rows: int, dense_max: int, block_rows: int = 512) -> int:
-    """Temporaries of the dual's leaf co-occurrence counts (`tamrun.solve.dual.leaf_counts`): the N x R
-    float32 indicator (R <= dense_max), else the transposed CSR indicator (12 bytes per non-zero)
-    and one block of the sparse product (at most block_rows x N entries, about 28 bytes each)."""
-    if grid_rows <= dense_max:
-        return 4 * n_rows * grid_rows
-    return 12 * n_rows * slots + 8 * grid_rows + 28 * min(block_rows, n_rows) * n_rows
+SPARSE_TILE_ENTRY_BYTES = 32  # a sparse tile product: CSR entries (8 + 8 + 4), their flat positions, the dense tile
+
+
+def kernel_build_bytes(n_rows: int, itemsize: int, tile_rows: int,
+                       forests: Sequence[Tuple[int, int, int, bool]] = ()) -> int:
+    """Temporaries of the dual's K built tile by tile (`tamrun.solve.dual.group_kernel`), per forest
+    block (slots T, grid rows R, count itemsize c, sparse): its leaf indicator, dense (N R c) or as
+    CSR (12 bytes per non-zero and 8 per grid row), all kept while K is built; and one tile of
+    b = min(tile_rows, N) rows: the tile and one (G G') term (2 b N s), plus the counts' tile (b N c,
+    or SPARSE_TILE_ENTRY_BYTES per entry when sparse)."""
+    rows = min(tile_rows, n_rows)
+    indicators = sum(12 * n_rows * t + 8 * r if sparse else n_rows * r * c for t, r, c, sparse in forests)
+    counts_tile = max((rows * n_rows * (SPARSE_TILE_ENTRY_BYTES if sparse else c) for _, _, c, sparse in forests),
+                      default=0)
+    return indicators + 2 * rows * n_rows * itemsize + counts_tile
 
 
 def dual_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's dual (kernel) system and its rows, see the module docstring."""
     n2 = p.n_rows * p.n_rows
-    indexed_phase = n2 * (p.itemsize + 4) + max(p.count_bytes, n2 * p.itemsize)
-    return max(indexed_phase, 2 * n2 * p.itemsize) + p.n_rows * (p.row.store + p.kernel_row)
+    return max(n2 * p.itemsize + p.kernel_build, 2 * n2 * p.itemsize) + p.n_rows * (p.row.store + p.kernel_row)
 
 
 def direct_row_bytes(p: ProblemSize) -> int:

@@ -23,7 +23,7 @@ def triangular_pair_solve(factor: torch.Tensor, b: torch.Tensor) -> torch.Tensor
 
 
 def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: float = 10.0,
-                   max_tries: int = 4) -> tuple:
+                   max_tries: int = 4, lower_only: bool = False) -> tuple:
     """Solve a x = b for a batch of SPD matrices.
 
     Args:
@@ -31,6 +31,8 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: floa
         b: (G, D) right-hand sides.
         jitter: the jitter already on the diagonal; a group whose factorisation fails gets
             jitter * growth^t added (t = 1..max_tries), then LU (logged) as the last resort.
+        lower_only: only the lower triangle of ``a`` is set (the Cholesky reads nothing else; LU
+            gets the matrix symmetrised from it).
 
     Returns:
         (x (G, D), DirectStats)
@@ -57,6 +59,9 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: floa
         stats.lu_fallback_groups = int(idx.numel())
         log.warning("Cholesky still failed for %d group(s) after %d jitter escalations: solving them by LU",
                     idx.numel(), max_tries)
-        x[idx] = torch.linalg.solve(a[idx], b[idx])
+        failing = a[idx]
+        if lower_only:
+            failing = failing.tril() + failing.tril(-1).mT
+        x[idx] = torch.linalg.solve(failing, b[idx])
     return x, stats
 

@@ -46,6 +46,13 @@ class FitStats:
     cg_history: List[float] = field(default_factory=list)  # worst residual per iteration (first chunk)
 
 
+def per_group_inverse(factor: torch.Tensor) -> torch.Tensor:
+    """(L L')^-1 from Cholesky factors (g, ..., K, K), one group at a time: a batched
+    cholesky_inverse rounds a group differently with other groups beside it (seen with MKL on AMD
+    CPUs), and a memory cap changes which groups share a chunk (see `tamrun.effects.chunk`)."""
+    return torch.stack([torch.cholesky_inverse(group) for group in factor])
+
+
 def _spans(total: int, size: int) -> Iterator[Tuple[int, int]]:
     for start in range(0, total, size):
         yield start, min(start + size, total)
@@ -162,7 +169,9 @@ class Dispatcher:
         coef, direct = dual_coefficients([chunk for chunk, _ in parts], penalty, weighted_y,
                                          self._system_scale(batch, groups), self.solver.jitter,
                                          self.solver.jitter_growth, self.solver.jitter_max_tries,
-                                         self.solver.dual_dense_counts_max)
+                                         self.solver.dual_dense_counts_max,
+                                         getattr(torch, self.solver.dual_counts_dtype.value),
+                                         self.solver.dual_tile_rows)
         stats.jitter_escalations = max(stats.jitter_escalations, direct.jitter_escalations)
         stats.lu_fallback_groups += direct.lu_fallback_groups
         return coef
@@ -242,7 +251,7 @@ class Dispatcher:
             if bool((info > 0).any()):
                 log.warning("a leaf block is not positive definite: Jacobi on its columns")
                 continue
-            out.append((start, torch.cholesky_inverse(factor)))
+            out.append((start, per_group_inverse(factor)))
         return out
 
     def _indexed_spans(self) -> List[Tuple[int, int]]:
@@ -270,7 +279,7 @@ class Dispatcher:
             if bool((info > 0).any()):
                 log.warning("the dense block is not positive definite: Jacobi on its columns")
             else:
-                dense_inverse = torch.cholesky_inverse(factor)
+                dense_inverse = per_group_inverse(factor)
 
         # Explicit block inverses (a preconditioner needs no more accuracy; products are several times
         # faster than triangular solves). The dense block is applied elementwise (a batched product of
