@@ -31,7 +31,7 @@ def _raise_injected(*args, **kwargs):
 
 
 @pytest.mark.parametrize("target", [(tamrun.pipeline, "load_table"), (tamrun.pipeline.Dispatcher, "fit"),
-                                    (tamrun.runner, "forecast_figure")], ids=["data", "solve", "artifacts"])
+                                    (tamrun.runner, "log_run_plots")], ids=["data", "solve", "artifacts"])
 def test_an_exception_anywhere_leaves_the_run_failed_with_error_and_log(compose_cfg, store_uri, csv_path, tmp_path,
                                                                      monkeypatch, target):
     """A RuntimeError raised on purpose in the data phase, in the solver, or while logging artifacts."""

@@ -38,6 +38,7 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
         self.coef = fitted.coef.detach().to(cpu)
         self.groups = list(fitted.groups)
         self.dtype = fitted.train.x.dtype
+        self.group_chunk = max(1, fitted.stats.group_chunk)  # groups per product: as many as the fit held
 
     @property
     def input_columns(self) -> List[str]:
@@ -54,11 +55,14 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
         batch = prediction_batch(self.config, self.design, self.groups, frame, self.dtype)
         out = np.zeros(len(frame))
         real = batch.row_index >= 0
-        for start in range(0, batch.x.shape[1], ROWS_PER_CHUNK):
-            rows = slice(start, start + ROWS_PER_CHUNK)
-            predicted = self.design.chunk(batch.x[:, rows]).matvec(self.coef.to(batch.x.dtype)).numpy()
-            keep = real[:, rows]
-            out[batch.row_index[:, rows][keep]] = predicted[keep]
+        coef = self.coef.to(batch.x.dtype)
+        for g0 in range(0, len(self.groups), self.group_chunk):
+            groups = slice(g0, g0 + self.group_chunk)
+            for r0 in range(0, batch.x.shape[1], ROWS_PER_CHUNK):
+                rows = slice(r0, r0 + ROWS_PER_CHUNK)
+                predicted = self.design.chunk(batch.x[groups, rows], groups).matvec(coef[groups]).numpy()
+                keep = real[groups, rows]
+                out[batch.row_index[groups, rows][keep]] = predicted[keep]
         return out
 
 

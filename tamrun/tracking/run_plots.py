@@ -25,7 +25,7 @@ def log_run_plots(tracked: TrackedRun, model: FittedModel, table: pd.DataFrame, 
     unit = config.data.unit
     title = f"{config.model.name}: test RMSE {metrics['rmse_test']:.1f} {unit}".strip()
     tracked.log_figure(forecast_figure(table, title=title, unit=unit), "plots/forecast.png")
-    curves = partial_effect_curves(model.design, model.coef, model.train)
+    curves = partial_effect_curves(model.design, model.coef, model.train, group_chunk=model.stats.group_chunk)
     tracked.log_figure(partial_effects_figure(curves, unit=unit), "plots/partial_effects.png")
     tracked.log_figure(residuals_by_time_of_day_figure(table, unit=unit), "plots/residuals_by_time_of_day.png")
     tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, model.plan.predicted_peak),
