@@ -1,46 +1,74 @@
 """``python -m tamrun [overrides]``: a thin Hydra entry point around `tamrun.runner.run`.
 
-Exit codes: 0 success; 2 bad input (config, data, device, memory limit: one readable message);
-1 an internal error (with its traceback).
+Exit codes: 0 success; 2 bad input (config, data, device, memory limit, store: one readable message,
+no traceback unless ``hydra.verbose=true`` or TAMRUN_DEBUG=1); 130 / 143 interrupted by SIGINT /
+SIGTERM (the MLflow run is marked KILLED); 1 an internal error (with its traceback).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Optional
+import traceback
+from typing import List, Optional
+
+REFUSED_HINT = ("tamrun: config error: Hydra refused the command line (message above). Fix: check the field's "
+                "spelling and type in docs/configuration.md (`python -m tamrun --cfg job` prints every field), "
+                "or pick an option listed by `python -m tamrun --help`\n")
 
 
-def main() -> None:
+def main(argv: Optional[List[str]] = None) -> None:
+    """Run with ``argv`` (default: the command line's arguments)."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import DictConfig
 
     from tamrun.config.load import config_dir
     from tamrun.config.store import register_configs
-    from tamrun.errors import TamrunError
+    from tamrun.errors import ConfigError, TamrunError
     from tamrun.runner import run
+    from tamrun.tracking.signals import exit_code
+    from tamrun.tracking.sweep import objective_name, sweep_tags
 
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
     register_configs()
     started = []
 
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def app(cfg: DictConfig) -> Optional[float]:
         started.append(True)
+        hydra_cfg = HydraConfig.get()
+        overrides = list(hydra_cfg.overrides.task)
+        tags = (sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides)
+                if hydra_cfg.mode == RunMode.MULTIRUN else {})
         try:
-            result = run(cfg, overrides=list(HydraConfig.get().overrides.task))
+            result = run(cfg, overrides=overrides, tags=tags)
+            if cfg.mode.name == "plan":
+                sys.stdout.write(result.plan.describe() + "\n")
+                return None
+            objective = objective_name(cfg)
+            if objective not in result.metrics:
+                raise ConfigError("objective", objective, "this run logged no such metric",
+                                  f"use one of: {', '.join(sorted(result.metrics))}")
         except TamrunError as exc:
+            if HydraConfig.get().verbose or os.environ.get("TAMRUN_DEBUG"):
+                traceback.print_exc()
             sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
             sys.exit(2)
-        if cfg.mode.name == "plan":
-            sys.stdout.write(result.plan.describe() + "\n")
-        return result.metrics.get("rmse_test")
+        return result.metrics[objective]
 
     try:
         app()
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP as tamrun.tracking.signals.Terminated
+        sys.stderr.write(f"tamrun: interrupted ({exc or 'SIGINT'}); the MLflow run, if started, is marked KILLED\n")
+        raise SystemExit(exit_code(exc)) from None
     except SystemExit as exc:
         # Hydra exits 1 on a bad override or an unknown config option, before the job starts:
         # that is bad input too.
         if exc.code == 1 and not started:
+            sys.stderr.write(REFUSED_HINT)
             raise SystemExit(2) from None
         raise
 

@@ -7,6 +7,7 @@ instance and nothing happens at import.
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import sys
 from dataclasses import dataclass
@@ -44,6 +45,26 @@ def _read_status_kib(field: str) -> Optional[int]:
     return None
 
 
+# Device kinds whose backend has no float64 tensors.
+NO_FLOAT64 = ("mps",)
+
+
+def require_dtype(kind: str, dtype: torch.dtype) -> None:
+    """`DeviceError` naming ``dtype`` when device ``kind`` cannot hold ``dtype``."""
+    if kind in NO_FLOAT64 and dtype == torch.float64:
+        raise DeviceError("dtype", "float64", f"the {kind.upper()} backend has no float64 support",
+                          f"use dtype=float32 with hw={kind}, or hw=cpu")
+
+
+def use_deterministic() -> None:
+    """torch's deterministic algorithms for this process (CUDA's float ``index_add_`` otherwise sums
+    with atomics in a varying order); cuBLAS needs a fixed workspace for it, set before its first use.
+    An op without a deterministic kernel warns rather than fails (``warn_only``)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    log.info("deterministic algorithms on (hw.deterministic=true)")
+
+
 @dataclass
 class MemoryView:
     """Free and total memory of the device, in bytes, as the memory oracle sees it."""
@@ -61,10 +82,12 @@ class DeviceManager:
         preference: order tried by ``auto``.
         dtype: the run's dtype, checked against the device's capabilities.
         threads: torch intra-op threads on the CPU (None: torch's default).
+        deterministic: on CUDA, switch torch to deterministic algorithms (see `use_deterministic`).
     """
 
     def __init__(self, requested: str = "auto", preference: Sequence[str] = ("cuda", "mps", "xpu", "cpu"),
-                 dtype: torch.dtype = torch.float64, threads: Optional[int] = None) -> None:
+                 dtype: torch.dtype = torch.float64, threads: Optional[int] = None,
+                 deterministic: bool = False) -> None:
         if requested == "auto":
             kind = next((k for k in preference if _available(k)), "cpu")
         elif _available(requested):
@@ -74,18 +97,18 @@ class DeviceManager:
                               "use hw=auto or hw=cpu, or run on a machine with that device")
         self.kind = kind
         self.device = torch.device(kind)
-        if kind == "mps" and dtype == torch.float64:
-            raise DeviceError("dtype", "float64", "the MPS backend has no float64 support",
-                              "use dtype=float32 with hw=mps, or hw=cpu")
+        require_dtype(kind, dtype)
         self.limit: Optional[int] = None
         if threads is not None and kind == "cpu":
             torch.set_num_threads(threads)
+        if deterministic and kind == "cuda":
+            use_deterministic()
         log.info("device: %s (%s)", self.name, kind)
 
     @classmethod
     def from_config(cls, hw, dtype: torch.dtype) -> "DeviceManager":
         """From the ``hw`` config group (device, preference, threads) and the run's dtype."""
-        return cls(hw.device.value, hw.preference, dtype, hw.threads)
+        return cls(hw.device.value, hw.preference, dtype, hw.threads, hw.deterministic)
 
     @property
     def name(self) -> str:

@@ -19,7 +19,8 @@ import torch
 from tamrun.config.effects import effect_columns
 from tamrun.config.schema import Config, DType, SolverConfig
 from tamrun.data.batch import GroupedBatch, build_batch
-from tamrun.data.checks import apply_nan_policy, check_table
+from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_duplicate_dates, check_table,
+                                 drop_missing_groups, enforce)
 from tamrun.data.derive import add_derived_columns
 from tamrun.data.load import load_table
 from tamrun.data.split import split_by_date
@@ -50,7 +51,11 @@ def load_splits(config: Config, specs: Dict[str, Any]) -> Tuple[pd.DataFrame, pd
     numeric.update(effect_columns(specs))
     check_table(frame, numeric, {"data.group": data.group} if data.group else {})
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
-    return split_by_date(frame, config.split, data.date_column)
+    frame = drop_missing_groups(frame, data.group, data.nan_policy)
+    check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates)
+    train, test = split_by_date(frame, config.split, data.date_column)
+    check_constant_columns(train, effect_columns(specs), data.constant_features)
+    return train, test
 
 
 def prediction_batch(config: Config, design: AdditiveDesign, groups: list, frame: pd.DataFrame,
@@ -110,8 +115,11 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)
-        log.warning("group %r has %d training rows for %d coefficients: the penalties decide the rest",
-                    train.groups[int(train.counts.argmin())], smallest, design.width)
+        group = train.groups[int(train.counts.argmin())]
+        enforce(data.small_groups, DataError(
+            "data.group", data.group, f"group {group!r} has {smallest} training row(s) for {design.width} "
+            "coefficients: the penalties decide the rest", "train on more rows, group more coarsely, use a smaller "
+            "model, or set data.small_groups=warn"))
     return Features(train, design)
 
 
@@ -164,13 +172,14 @@ def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor
 
 
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, oom_log: Optional[OomLog] = None,
-          tracker: Optional[MemoryTracker] = None, snapshot: Callable[[str], None] = lambda label: None) -> FittedModel:
-    """Fit every group's coefficients along the plan."""
+          tracker: Optional[MemoryTracker] = None, snapshot: Callable[[str], None] = lambda label: None,
+          on_iteration: Optional[Callable[[int, float], None]] = None) -> FittedModel:
+    """Fit every group's coefficients along the plan (``on_iteration``: CG progress)."""
     design = features.design.to(devices.device)
     initial = (warm_start_coefficients(config.solver.warm_start, features.train.groups, design.width)
                if config.solver.warm_start else None)
     dispatcher = Dispatcher(design, devices, plan, config.solver, oom_settings(config.memory.oom),
-                            oom_log if oom_log is not None else OomLog(), tracker, snapshot, initial)
+                            oom_log if oom_log is not None else OomLog(), tracker, snapshot, initial, on_iteration)
     log.info("fitting %d groups, D=%d, route=%s", len(features.train.groups), design.width, plan.route)
     coef, stats = dispatcher.fit(features.train)
     return FittedModel(config, design, dispatcher, features.train.groups, coef, plan, stats, features.train)

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import tamrun
 from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName
+from tamrun.data.split import carve_validation
 from tamrun.device import DeviceManager
 from tamrun.effects.design import describe
 from tamrun.evaluate import group_metrics, predictions_table, split_metrics
@@ -30,10 +31,11 @@ from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.report import memory_report, report_text
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import parse_size
+from tamrun.progress import ChunkProgress, IterationProgress
 from tamrun.pipeline import DTYPES, build_features, load_splits, plan_memory, prediction_batch, solve
 from tamrun.solve.dispatcher import FitStats
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.plots import forecast_figure, memory_timeline_figure
+from tamrun.tracking.run_plots import log_run_plots
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,10 @@ def git_commit() -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def run(cfg: Any, overrides: Optional[List[str]] = None) -> RunResult:
+def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None) -> RunResult:
     """Fit, evaluate and record one experiment described by a composed config (``mode=plan``: only
-    plan the memory, without fitting and without an MLflow run).
+    plan the memory, without fitting and without an MLflow run). ``tags`` are added to the run's
+    (a sweep job's sweep id and parent run).
 
     Raises:
         tamrun.errors.TamrunError: bad config, data, device or memory limit (the MLflow run, if
@@ -75,7 +78,8 @@ def run(cfg: Any, overrides: Optional[List[str]] = None) -> RunResult:
     if config.mode.name == ModeName.plan:
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         return _plan_only(config, specs, devices)
-    tags = {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name}
+    tags = {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name,
+            **(tags or {})}
     commit = git_commit()
     if commit:
         tags["git_commit"] = commit
@@ -97,21 +101,23 @@ def run(cfg: Any, overrides: Optional[List[str]] = None) -> RunResult:
 
 
 def _prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, recorder: PhaseRecorder):
-    """Data and features phases, then the oracle's plan: (train frame, test frame, features, test batch, plan)."""
+    """Data and features phases, then the oracle's plan: (train frame, test frame, features, test batch,
+    plan, validation frame or None)."""
     limit = parse_size(config.memory.limit)
     devices.set_limit(limit)
     with recorder.phase("data"):
         train_frame, test_frame = load_splits(config, specs)
+        train_frame, valid_frame = carve_validation(train_frame, config.split, config.data.date_column)
     with recorder.phase("features"):
         features = build_features(config, specs, train_frame)
         test = prediction_batch(config, features.design, features.train.groups, test_frame, features.train.x.dtype)
     plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1])
-    return train_frame, test_frame, features, test, plan
+    return train_frame, test_frame, features, test, plan, valid_frame
 
 
 def _plan_only(config: Config, specs: Dict[str, Any], devices: DeviceManager) -> RunResult:
     recorder = PhaseRecorder(devices)
-    _, _, features, _, plan = _prepare(config, specs, devices, recorder)
+    _, _, features, _, plan, _ = _prepare(config, specs, devices, recorder)
     log.info("mode=plan: nothing fitted")
     return RunResult(run_id=None, route=plan.route, width=features.design.width, groups=features.train.groups,
                      coef=torch.empty(0), metrics={"predicted_peak_bytes": plan.predicted_peak,
@@ -124,20 +130,25 @@ def _fit_and_evaluate(config: Config, specs: Dict[str, Any], devices: DeviceMana
     if config.memory.meter:
         TensorMeter.warm_up()
     recorder = PhaseRecorder(devices)
-    train_frame, test_frame, features, test, plan = _prepare(config, specs, devices, recorder)
+    train_frame, test_frame, features, test, plan, valid_frame = _prepare(config, specs, devices, recorder)
     limit = parse_size(config.memory.limit)
     oom_log = OomLog()
     tracker = MemoryTracker(plan.budget if limit is not None else None, plan.overhead)
     metered = config.memory.meter
+    chunks = ChunkProgress(len(features.train.groups), config.progress.value, recorder.snapshot)
+    iterations = IterationProgress(config.solver.max_iter, config.progress.value)
     with recorder.phase("solve", metered):
-        model = solve(config, features, plan, devices, oom_log, tracker, recorder.snapshot)
+        model = solve(config, features, plan, devices, oom_log, tracker, chunks, iterations)
+    iterations.close()
     with recorder.phase("predict", metered):
         predicted_train = model.dispatcher.predict(features.train, model.coef)
         predicted_test = model.dispatcher.predict(test, model.coef)
+        validation = None if valid_frame is None else model.predict_frame(valid_frame, "validation")
     with recorder.phase("evaluate"):
         data = config.data
         table = pd.concat([
             predictions_table(train_frame, features.train, predicted_train, data.date_column, data.group, "train"),
+            *([] if validation is None else [validation]),
             predictions_table(test_frame, test, predicted_test, data.date_column, data.group, "test"),
         ], ignore_index=True)
         metrics = split_metrics(table)
@@ -174,9 +185,10 @@ def _fit_and_evaluate(config: Config, specs: Dict[str, Any], devices: DeviceMana
                                    columns=[f"{name}[{i - s.start}]" for name, s in design.block_slices()
                                             for i in range(s.start, s.stop)]).reset_index(), "model/coefficients.csv")
     if config.tracking.log_plots:
-        figure = forecast_figure(table, title=f"{config.model.name}: test RMSE {metrics['rmse_test']:.1f}")
-        tracked.log_figure(figure, "plots/forecast.png")
-        tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, plan.predicted_peak),
-                           "plots/memory_timeline.png")
+        log_run_plots(tracked, model, table, metrics, report, limit)
+    if config.tracking.log_model and tracked.enabled:
+        from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
+
+        log_pyfunc_model(tracked.log_dir, model, test_frame)
     return RunResult(run_id=None, route=plan.route, width=design.width, groups=model.groups, coef=coef,
                      metrics=metrics, predictions=table, plan=plan, stats=stats)

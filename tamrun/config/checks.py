@@ -105,5 +105,9 @@ def check_config(cfg: Config) -> None:
     _require(ada.max_batch_windows is None or ada.max_batch_windows >= 1, "adaptive.max_batch_windows",
              ada.max_batch_windows, "must be >= 1 or null", "set adaptive.max_batch_windows=null")
 
+    for name in ("busy_timeout_s", "lock_timeout_s", "connect_timeout_s"):
+        value = getattr(cfg.tracking, name)
+        _require(math.isfinite(value) and value > 0, f"tracking.{name}", value,
+                 "a wait must be a positive number of seconds", f"set tracking.{name}=60")
     _require(bool(cfg.tracking.experiment), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", "set tracking.experiment=tamrun")

@@ -60,9 +60,23 @@ class ModeName(str, Enum):
     adaptive = "adaptive"
 
 
+class ProgressMode(str, Enum):
+    auto = "auto"  # a bar on a terminal, log lines otherwise
+    bar = "bar"
+    log = "log"
+    off = "off"
+
+
 class NanPolicy(str, Enum):
     error = "error"
     drop = "drop"
+
+
+class CheckPolicy(str, Enum):
+    """What a data check does when it finds a problem: stop the run (exit 2) or log a warning."""
+
+    error = "error"
+    warn = "warn"
 
 
 @dataclass
@@ -92,6 +106,15 @@ class DataConfig:
     group: Optional[str] = "tod"
     derived: Dict[str, DerivedColumn] = field(default_factory=dict)
     nan_policy: NanPolicy = NanPolicy.error
+    # The target's unit, on the plots' axes (e.g. MW); "" = none.
+    unit: str = ""
+    # Two rows with the same date in one group (the same date when there is no group).
+    duplicate_dates: CheckPolicy = CheckPolicy.error
+    # A model column that takes a single value over the whole training split.
+    constant_features: CheckPolicy = CheckPolicy.error
+    # A group with fewer training rows than the model has coefficients (the penalties decide the rest;
+    # normal for forest crossings solved in the dual form).
+    small_groups: CheckPolicy = CheckPolicy.warn
 
 
 @dataclass
@@ -102,6 +125,11 @@ class SplitConfig:
     train_end: str = "2023-12-31"
     test_start: str = "2024-01-01"
     test_end: Optional[str] = "2024-12-31"
+    # A validation period carved out of the training one (for tuning, never the test period): rows
+    # from validation_start to validation_end (None = train_end) are not fitted but predicted and
+    # scored as rmse_validation / mape_validation. None = no validation split.
+    validation_start: Optional[str] = None
+    validation_end: Optional[str] = None
 
 
 @dataclass
@@ -120,6 +148,10 @@ class HardwareConfig:
     preference: List[str] = field(default_factory=lambda: ["cuda", "mps", "xpu", "cpu"])
     # torch intra-op threads on the CPU; None leaves torch's default.
     threads: Optional[int] = None
+    # CUDA only: torch.use_deterministic_algorithms (index_add_ by a sorted, deterministic kernel instead
+    # of float atomics; cuBLAS with a fixed workspace) for bitwise-repeatable GPU runs, at some speed.
+    # CPU runs are bitwise repeatable either way.
+    deterministic: bool = False
 
 
 @dataclass
@@ -197,6 +229,14 @@ class TrackingConfig:
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
+    # The fitted model as an MLflow pyfunc (artifact model/pyfunc, with signature and input example).
+    log_model: bool = True
+    # sqlite stores: each connection waits this long for a lock held by another process.
+    busy_timeout_s: float = 60.0
+    # sqlite stores: the longest wait for <db>.lock (first creation/migration, experiment creation).
+    lock_timeout_s: float = 300.0
+    # http(s) stores: how long to wait for the server's TCP answer before failing with a clear error.
+    connect_timeout_s: float = 5.0
 
 
 @dataclass
@@ -247,3 +287,8 @@ class Config:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     dtype: DType = DType.float64
     seed: int = 0
+    # The metric `python -m tamrun` returns to Hydra's sweepers (optuna minimises it) and a sweep's
+    # summary ranks by; None = rmse_validation with a validation split, else rmse_test.
+    objective: Optional[str] = None
+    # Progress of group chunks and CG iterations: auto (a bar on a terminal, log lines otherwise), bar, log, off.
+    progress: ProgressMode = ProgressMode.auto

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from tamrun.data.checks import plain
 from tamrun.errors import DataError
 
 
@@ -52,7 +53,7 @@ def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group:
     try:
         gidx = np.fromiter((position[k] for k in keys), dtype=np.int64, count=len(keys))
     except KeyError as exc:
-        raise DataError("data.group", group, f"group {exc.args[0]!r} appears in the test split but not in training",
+        raise DataError("data.group", group, f"group {plain(exc.args[0])!r} appears in the test split but not in training",
                         "train on a period that covers every group, or drop that group") from None
     order = np.argsort(gidx, kind="stable")
     counts = np.bincount(gidx, minlength=len(groups))

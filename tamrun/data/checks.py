@@ -1,14 +1,16 @@
-"""Checks of the loaded table against the config: columns present and numeric, NaN policy."""
+"""Checks of the loaded table against the config: columns present and numeric, NaN policy, missing
+group keys, duplicated dates, constant features (each a `DataError` naming the field, the value and
+the fix, or a warning where the config's `CheckPolicy` says ``warn``)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 import pandas as pd
 
-from tamrun.config.schema import NanPolicy
+from tamrun.config.schema import CheckPolicy, NanPolicy
 from tamrun.data.load import require_columns, require_numeric
 from tamrun.errors import DataError
 
@@ -37,3 +39,53 @@ def apply_nan_policy(frame: pd.DataFrame, columns: Mapping[str, str], policy: Na
     raise DataError(field, used[worst], f"{int(counts[worst])} row(s) hold NaN or inf in this column "
                     f"({int(bad_rows.sum())} row(s) in all used columns)",
                     "clean the data, or set data.nan_policy=drop to drop those rows")
+
+
+def plain(value):
+    """A numpy scalar as the Python value it holds (so that messages read 3, not np.int64(3))."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def enforce(policy: CheckPolicy, error: DataError) -> None:
+    """Raise ``error`` (policy ``error``) or log it as a warning (policy ``warn``)."""
+    if policy == CheckPolicy.error:
+        raise error
+    log.warning("%s (the config says warn)", error)
+
+
+def drop_missing_groups(frame: pd.DataFrame, group: Optional[str], policy: NanPolicy) -> pd.DataFrame:
+    """Rows without a group key are refused (``error``) or dropped (``drop``)."""
+    if not group:
+        return frame
+    missing = frame[group].isna()
+    if not missing.any():
+        return frame
+    if policy == NanPolicy.drop:
+        log.warning("dropping %d row(s) without a group in column %r (data.nan_policy=drop)", int(missing.sum()), group)
+        return frame[~missing]
+    raise DataError("data.group", group, f"{int(missing.sum())} row(s) have no group value (first at row "
+                    f"{int(np.argmax(missing.to_numpy()))})",
+                    "fill the group column, or set data.nan_policy=drop to drop those rows")
+
+
+def check_duplicate_dates(frame: pd.DataFrame, date_column: str, group: Optional[str], policy: CheckPolicy) -> None:
+    """Each (group, date) at most once."""
+    keys = [date_column] + ([group] if group else [])
+    duplicated = frame.duplicated(keys, keep="first")
+    if duplicated.any():
+        first = frame.loc[duplicated.idxmax()]
+        where = f" in group {plain(first[group])!r} of column {group!r}" if group else ""
+        enforce(policy, DataError("data.date_column", date_column,
+                                  f"{int(duplicated.sum())} row(s) repeat a date (first: {first[date_column]}{where})",
+                                  "aggregate or drop the duplicated rows, set data.group to the column that tells "
+                                  "them apart, or set data.duplicate_dates=warn"))
+
+
+def check_constant_columns(train: pd.DataFrame, columns: Mapping[str, str], policy: CheckPolicy) -> None:
+    """No model column may hold a single value over the whole training split (``columns``: field -> column)."""
+    for field, column in columns.items():
+        values = train[column]
+        if values.nunique(dropna=True) <= 1:
+            enforce(policy, DataError(field, column, f"the column is constant over the training split "
+                                      f"(value {plain(values.iloc[0])!r} in all {len(values)} rows): the effect learns nothing",
+                                      "remove this effect, pick another column, or set data.constant_features=warn"))

@@ -29,6 +29,8 @@ def load_table(cfg: DataConfig) -> pd.DataFrame:
         DataError: the file is missing, unreadable or empty, or the date column is absent/unparseable.
     """
     path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
+    if path.is_dir():
+        raise DataError("data.path", str(path), "a folder, not a file", "point data.path at a CSV file inside it")
     if not path.is_file():
         raise DataError("data.path", str(path), "no such file", "point data.path at an existing CSV file")
     try:

@@ -51,3 +51,30 @@ def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tu
         raise DataError("split.test_start", cfg.test_start, f"the test split has no rows ({span})",
                         "move split.test_start/test_end inside the data's dates")
     return train, test
+
+
+def carve_validation(train: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tuple[pd.DataFrame, Optional[pd.DataFrame]]:
+    """Return (fit rows, validation rows) of the training split: validation_start <= day <=
+    validation_end (default train_end) is held out; (train, None) without a validation split.
+
+    Raises:
+        ConfigError: a bound is not a date or lies outside the training period.
+        DataError: the validation or the remaining fit rows are empty.
+    """
+    if cfg.validation_start is None:
+        return train, None
+    start = _day(cfg.validation_start, "split.validation_start")
+    end = _day(cfg.validation_end, "split.validation_end") if cfg.validation_end is not None else _day(
+        cfg.train_end, "split.train_end")
+    if end > _day(cfg.train_end, "split.train_end") or end < start:
+        raise ConfigError("split.validation_end", cfg.validation_end,
+                          f"the validation period must lie inside training (train_end={cfg.train_end}) and end "
+                          f"after validation_start={cfg.validation_start}",
+                          "set split.validation_end between split.validation_start and split.train_end, or null")
+    held = _between(train[date_column], start, end)
+    fit, validation = train[~held], train[held]
+    if validation.empty or fit.empty:
+        which = "validation" if validation.empty else "remaining training"
+        raise DataError("split.validation_start", cfg.validation_start, f"the {which} rows are empty",
+                        "choose a validation period inside the training dates that leaves rows to fit")
+    return fit, validation

@@ -29,8 +29,10 @@ class CGResult:
 
 def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor,
                        precondition: Optional[Callable[[torch.Tensor], torch.Tensor]], tol: float, max_iter: int,
-                       x0: Optional[torch.Tensor] = None) -> CGResult:
-    """Preconditioned CG: ``precondition`` applies M^-1 to residuals (G, D) (None: plain CG).
+                       x0: Optional[torch.Tensor] = None,
+                       on_iteration: Optional[Callable[[int, float], None]] = None) -> CGResult:
+    """Preconditioned CG: ``precondition`` applies M^-1 to residuals (G, D) (None: plain CG);
+    ``on_iteration(i, worst relative residual)`` after each iteration (progress).
 
     Logs a warning naming ``solver.max_iter`` / ``solver.tol`` if some group has not converged.
     """
@@ -45,7 +47,7 @@ def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.
     p = z.clone()
     rz = (r * z).sum(-1)
     history = [float(rel.max())]
-    for _ in range(max_iter):
+    for step in range(max_iter):
         if not bool(active.any()):
             break
         ap = matvec(p)
@@ -57,6 +59,8 @@ def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.
         iterations += active.long()
         rel = torch.linalg.vector_norm(r, dim=-1) / b_norm
         history.append(float(rel.max()))
+        if on_iteration is not None:
+            on_iteration(step + 1, history[-1])
         active = active & (rel > tol)
         z = precondition(r)
         rz_new = (r * z).sum(-1)

@@ -70,12 +70,14 @@ class Dispatcher:
         tracker: the budget every step is charged to (None: an unlimited one).
         snapshot: called with a label after each chunk (the memory timeline).
         initial: (G, D) coefficients CG starts from (solver.warm_start), None for zeros.
+        on_iteration: called by CG after each iteration with (iteration, worst residual).
     """
 
     def __init__(self, design: AdditiveDesign, devices: DeviceManager, plan: Plan, solver: SolverConfig,
                  oom_policy: OomConfig, oom_log: OomLog, tracker: Optional[MemoryTracker] = None,
                  snapshot: Callable[[str], None] = lambda label: None,
-                 initial: Optional[torch.Tensor] = None) -> None:
+                 initial: Optional[torch.Tensor] = None,
+                 on_iteration: Optional[Callable[[int, float], None]] = None) -> None:
         self.design = design
         self.devices = devices
         self.plan = plan
@@ -86,6 +88,7 @@ class Dispatcher:
         self.snapshot = snapshot
         self._learned: dict = {}  # phase -> chunk size an OOM taught
         self.initial = initial
+        self.on_iteration = on_iteration
 
     def _guarded(self, step: Callable[[int], Tuple[int, int]], total: int, chunk: int, rows: int, phase: str,
                  cost, unit: str = "groups") -> int:
@@ -230,7 +233,7 @@ class Dispatcher:
         del grid_grams
         x0 = None if self.initial is None else self.initial[groups].to(device=rhs.device, dtype=rhs.dtype)
         result = conjugate_gradient(matvec, rhs, self._preconditioner(diag, dense_block, grid_blocks), tol,
-                                    self.solver.max_iter, x0)
+                                    self.solver.max_iter, x0, self.on_iteration)
         stats.cg_iterations = max(stats.cg_iterations, int(result.iterations.max()))
         stats.cg_unconverged_groups += int((~result.converged).sum())
         stats.cg_final_residual = max(stats.cg_final_residual, float(result.relative_residual.max()))

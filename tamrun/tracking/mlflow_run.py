@@ -1,7 +1,9 @@
 """One MLflow run's lifecycle through an explicit `MlflowClient` (no fluent global state).
 
 The store defaults to ``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run ends
-FINISHED on success, FAILED on any exception (with the error as tags) and KILLED on an interrupt.
+FINISHED on success, FAILED on any exception (with the error as tags) and KILLED on an interrupt
+(SIGINT, or SIGTERM/SIGHUP, raised as `tamrun.tracking.signals.Terminated` while the run is open).
+Every run logs its log as the artifact ``logs/run.log`` (with the traceback when it failed).
 """
 
 from __future__ import annotations
@@ -17,17 +19,19 @@ from typing import Any, Dict, Iterable, Mapping, Optional
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
 from tamrun.tracking.params import to_params
+from tamrun.tracking.runlog import RunLog
+from tamrun.tracking.signals import signals_as_interrupts, signals_ignored
+from tamrun.tracking.store import check_store, experiment_id, open_client, sqlite_path
 
 log = logging.getLogger(__name__)
+
+# MLflow 3's UI opens an experiment of this kind on its runs table (not the GenAI overview).
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "forecasting"}
 
 
 def default_tracking_uri(cwd: Optional[Path] = None) -> str:
     """sqlite:///<cwd>/outputs/mlflow.db"""
     return f"sqlite:///{(cwd or Path.cwd()) / 'outputs' / 'mlflow.db'}"
-
-
-def _sqlite_path(uri: str) -> Optional[Path]:
-    return Path(uri[len("sqlite:///"):].split("?")[0]) if uri.startswith("sqlite:///") else None
 
 
 class TrackedRun:
@@ -48,50 +52,67 @@ class TrackedRun:
         self.client = None
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
+        self.runlog = RunLog()
+        self._signals = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> "TrackedRun":
         if not self.enabled:
             return self
-        from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
-
-        db = _sqlite_path(self.uri)
-        if db is not None:
-            try:
-                db.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ConfigError("tracking.uri", self.uri, f"cannot create the store's folder ({exc})",
-                                  "point tracking.uri at a writable location") from None
+        check_store(self.uri, self.cfg.connect_timeout_s)
+        self._signals = signals_as_interrupts()
+        self._signals.__enter__()
         try:
-            self.client = MlflowClient(tracking_uri=self.uri)
-            self.experiment_id = self._experiment_id(MlflowException)
-            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags)
-        except MlflowException as exc:
-            raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({exc.message})",
-                              "point tracking.uri at a reachable, writable store, or set tracking.enabled=false") from None
-        self.run_id = run.info.run_id
+            self._open()
+        except BaseException:
+            self._restore_signals()
+            raise
+        self.runlog.start()
         log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, self.uri)
         return self
 
-    def _experiment_id(self, mlflow_exception: type) -> str:
-        found = self.client.get_experiment_by_name(self.cfg.experiment)
-        if found is not None:
-            return found.experiment_id
-        db = _sqlite_path(self.uri)
+    def start_detached(self) -> str:
+        """Create the run without the signal handlers and run log of ``with`` (a sweep's parent run,
+        ended by another call); returns its id."""
+        check_store(self.uri, self.cfg.connect_timeout_s)
+        self._open()
+        return self.run_id
+
+    def _restore_signals(self) -> None:
+        if self._signals is not None:
+            self._signals.__exit__(None, None, None)
+            self._signals = None
+
+    def _open(self) -> None:
+        from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
+            self.experiment_id = self._experiment_id()
+            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags)
+        except (MlflowException, SQLAlchemyError, OSError) as exc:
+            reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
+            raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({reason})",
+                              "point tracking.uri at a reachable, writable store, or set tracking.enabled=false") from None
+        self.run_id = run.info.run_id
+
+    def _experiment_id(self) -> str:
+        db = sqlite_path(self.uri)
         root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
         location = Path(root).resolve().as_uri() if root and "://" not in root else root
-        try:
-            return self.client.create_experiment(self.cfg.experiment, artifact_location=location)
-        except mlflow_exception:  # created meanwhile by a concurrent job
-            found = self.client.get_experiment_by_name(self.cfg.experiment)
-            if found is None:
-                raise
-            return found.experiment_id
+        return experiment_id(self.client, self.uri, self.cfg.experiment, location, self.cfg.lock_timeout_s,
+                             EXPERIMENT_TAGS)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self.enabled or self.run_id is None:
             return False
+        self._restore_signals()
+        with signals_ignored():  # a second Ctrl-C must not leave the run RUNNING
+            self._terminate(exc_type, exc, tb)
+        return False
+
+    def _terminate(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             status = "FINISHED"
         elif issubclass(exc_type, KeyboardInterrupt):
@@ -99,11 +120,17 @@ class TrackedRun:
         else:
             status = "FAILED"
         if exc is not None:
-            self.client.set_tag(self.run_id, "error_type", exc_type.__name__)
-            self.client.set_tag(self.run_id, "error", str(exc)[:5000])
+            self.runlog.add_exception(exc_type, exc, tb)
+        log.info("MLflow run %s ends %s", self.run_id, status)
+        text = self.runlog.stop()
+        try:
+            if exc is not None:
+                self.client.set_tag(self.run_id, "error_type", exc_type.__name__)
+                self.client.set_tag(self.run_id, "error", str(exc)[:5000])
+            self.client.log_text(self.run_id, text, "logs/run.log")
+        except Exception as error:  # the store or artifact folder failed too: the status still matters
+            log.error("could not record the error or the log of run %s: %s", self.run_id, error)
         self.client.set_terminated(self.run_id, status=status)
-        log.info("MLflow run %s ended %s", self.run_id, status)
-        return False
 
     # ---- logging ---------------------------------------------------------------------------------
     def log_params(self, tree: Any) -> None:
@@ -155,6 +182,11 @@ class TrackedRun:
     def log_file(self, path: os.PathLike, artifact_path: Optional[str] = None) -> None:
         if self.enabled:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_dir(self, path: str, artifact_path: Optional[str] = None) -> None:
+        """Every file under the local folder ``path``, at ``artifact_path``."""
+        if self.enabled:
+            self.client.log_artifacts(self.run_id, path, artifact_path)
 
     def log_frame(self, frame: Any, artifact_file: str) -> None:
         """A pandas DataFrame as a CSV artifact."""

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
 import pandas as pd
 
 
-def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 14, title: str = ""):
+def _label(name: str, unit: str) -> str:
+    return f"{name} ({unit})" if unit else name
+
+
+def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 7, title: str = "", unit: str = ""):
     """Actual vs predicted over the split (summed over groups at each timestamp), and a zoom on its
     first ``zoom_days`` days. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
@@ -16,10 +23,91 @@ def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 1
     for axis, data in ((full, part), (zoom, part[part.index < part.index.min() + pd.Timedelta(days=zoom_days)])):
         axis.plot(data.index, data["actual"], lw=0.6, color="black", label="actual")
         axis.plot(data.index, data["predicted"], lw=0.6, color="tab:orange", label="predicted")
+        axis.set_ylabel(_label("target", unit))
         axis.grid(alpha=0.3)
     full.set_title(title or f"Forecast on the {split} period")
-    zoom.set_title(f"First {zoom_days} days")
+    zoom.set_title(f"Zoom: the first {zoom_days} days of the {split} period")
+    zoom.set_xlabel("date")
     full.legend(loc="upper right")
+    return figure
+
+
+def residuals_by_time_of_day_figure(table: pd.DataFrame, split: str = "test", unit: str = ""):
+    """Box plots of the residuals (actual - predicted) of ``split`` by time of day of the date column,
+    with their mean. Returns a matplotlib Figure."""
+    from matplotlib.figure import Figure
+
+    part = table[table["split"] == split]
+    dates = pd.to_datetime(part["date"])
+    hours = (dates.dt.hour + dates.dt.minute / 60.0).to_numpy()
+    residual = (part["actual"] - part["predicted"]).to_numpy()
+    slots = np.unique(hours)
+    figure = Figure(figsize=(12, 4.5), layout="constrained")
+    axis = figure.subplots()
+    width = 0.6 * float(np.min(np.diff(slots))) if len(slots) > 1 else 0.5
+    axis.boxplot([residual[hours == h] for h in slots], positions=slots, widths=width, showfliers=False,
+                 manage_ticks=False)
+    axis.plot(slots, [residual[hours == h].mean() for h in slots], color="tab:red", lw=1, label="mean")
+    axis.axhline(0, color="grey", lw=0.8)
+    axis.set_xticks(np.arange(0, 25, 2))
+    axis.set_xlabel("time of day (h)")
+    axis.set_ylabel(_label("residual = actual - predicted", unit))
+    axis.set_title(f"Residuals by time of day on the {split} period (boxes: quartiles, whiskers: 1.5 IQR)")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper right")
+    return figure
+
+
+def partial_effects_figure(curves: Sequence[dict], unit: str = "", columns: int = 3):
+    """One panel per effect: its contribution against its first column, one thin line per group and
+    the mean over groups, over a histogram of the column's training values (the data range).
+
+    ``curves``: dicts with ``name``, ``column``, ``grid`` (n,), ``values`` (G, n), ``data`` (training
+    values of the column) and ``discrete`` (levels: markers instead of lines)."""
+    from matplotlib.figure import Figure
+
+    columns = max(1, min(columns, len(curves)))
+    rows = max(1, -(-len(curves) // columns))
+    figure = Figure(figsize=(4.2 * columns, 3.2 * rows), layout="constrained")
+    axes = np.atleast_1d(figure.subplots(rows, columns)).ravel()
+    for axis, curve in zip(axes, curves):
+        counts = axis.twinx()
+        counts.hist(curve["data"], bins=40 if not curve["discrete"] else len(curve["grid"]), color="0.85",
+                    zorder=0)
+        counts.set_ylabel("training rows", color="0.5", fontsize="small")
+        counts.tick_params(axis="y", colors="0.5", labelsize="small")
+        axis.set_zorder(counts.get_zorder() + 1)
+        axis.patch.set_visible(False)
+        style = dict(marker="o", ls="--") if curve["discrete"] else {}
+        for line in curve["values"]:
+            axis.plot(curve["grid"], line, color="tab:blue", alpha=0.15, lw=0.6, **style)
+        axis.plot(curve["grid"], curve["values"].mean(axis=0), color="black", lw=1.6, label="mean over groups",
+                  **style)
+        axis.set_title(f"{curve['name']}", fontsize="medium")
+        axis.set_xlabel(curve["column"])
+        axis.set_ylabel(_label("contribution", unit))
+        axis.grid(alpha=0.3)
+    for axis in axes[len(curves):]:
+        axis.set_visible(False)
+    if curves:
+        axes[0].legend(loc="best", fontsize="small")
+    figure.suptitle("Partial effects (other columns at their training median; grey: where the training data lie)")
+    return figure
+
+
+def cg_residual_figure(history: Sequence[float], tol: float):
+    """The CG's worst relative residual ||r||/||b|| over the groups, per iteration, with the tolerance."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 4), layout="constrained")
+    axis = figure.subplots()
+    axis.semilogy(np.arange(len(history)), history, ".-", ms=3, label="max over groups of ||r|| / ||b||")
+    axis.axhline(tol, color="red", ls=":", label=f"solver.tol = {tol:g}")
+    axis.set_xlabel("CG iteration")
+    axis.set_ylabel("relative residual (dimensionless)")
+    axis.set_title("Conjugate gradient convergence")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(loc="upper right")
     return figure
 
 
@@ -49,4 +137,21 @@ def memory_timeline_figure(snapshots: list, limit: int | None, predicted_peak: i
     for axis in (held, working):
         axis.grid(alpha=0.3)
         axis.legend(loc="best", fontsize="small")
+    return figure
+
+
+def sweep_objective_figure(table: pd.DataFrame, objective: str, unit: str = ""):
+    """A sweep's objective per job (in job order) with the best so far."""
+    from matplotlib.figure import Figure
+
+    done = table.dropna(subset=[objective]).sort_values("job")
+    figure = Figure(figsize=(9, 4), layout="constrained")
+    axis = figure.subplots()
+    axis.plot(done["job"], done[objective], "o", ms=4, label=f"{objective} of the job")
+    axis.step(done["job"], done[objective].cummin(), where="post", color="tab:red", label="best so far")
+    axis.set_xlabel("job (trial) number")
+    axis.set_ylabel(_label(objective, unit))
+    axis.set_title(f"Sweep: {objective} per job ({len(done)} jobs)")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper right")
     return figure

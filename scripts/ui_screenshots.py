@@ -1,0 +1,155 @@
+"""Screenshots of the MLflow UI, taken by headless Chromium against a real `mlflow server`.
+
+Starts `mlflow server` on 127.0.0.1 with a fresh sqlite store in a temporary folder, records a
+two-job sweep into it over HTTP (python -m tamrun -m tracking.uri=http://127.0.0.1:PORT ...), and
+saves the experiment's run list and the comparison of the two runs as PNGs:
+
+    python scripts/ui_screenshots.py --out docs/img [--port 5077] [--chromium chromium]
+
+Needs Chromium (Debian: apt-get install chromium) and playwright (pip install 'tamrun[docs]'; it drives
+the system's Chromium, no browser download). Everything it starts is stopped before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import List
+
+log = logging.getLogger("ui_screenshots")
+
+JOBS = ["model=fourier,spline"]  # the two runs to compare
+
+
+def wait_for(url: str, seconds: float) -> None:
+    """Poll ``url`` until it answers 200, at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {seconds:.0f} s")
+
+
+METRICS = ["rmse_test", "fit_seconds", "peak_memory_bytes", "oom_retries"]  # columns of the run list
+HIDDEN = ["Dataset", "Source", "Models"]  # attribute columns left out of the run list
+
+
+def open_page(browser, base: str, height: int):
+    """A page in MLflow's "Model training" mode, its assistant panel closed."""
+    page = browser.new_page(viewport={"width": 1600, "height": height})
+    page.goto(f"{base}/")
+    page.get_by_text("Model training", exact=True).first.click(timeout=60_000)
+    return page
+
+
+def close_assistant(page) -> None:
+    close = page.get_by_role("button", name="Close", exact=True)
+    if close.count():
+        close.first.click()
+        page.wait_for_timeout(500)
+
+
+def run_list(browser, base: str, experiment: str, path: Path) -> None:
+    """The experiment's runs: the sweep's parent expanded, the metrics people compare as columns."""
+    page = open_page(browser, base, 520)
+    page.goto(f"{base}/#/experiments/{experiment}/runs")
+    page.get_by_text("sweep-", exact=False).first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.get_by_role("button", name="Columns").click()
+    for name in HIDDEN + METRICS:
+        page.get_by_text(name, exact=True).last.click()
+        page.wait_for_timeout(200)
+    page.keyboard.press("Escape")
+    parent = page.get_by_text("sweep-", exact=False).first.bounding_box()
+    page.mouse.click(parent["x"] - 32, parent["y"] + parent["height"] / 2)  # the row's expand toggle
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path))
+    log.info("saved %s", path)
+
+
+def comparison(browser, base: str, experiment: str, ids: List[str], path: Path) -> None:
+    """The two runs side by side: run details, the parameters that differ and every metric."""
+    page = open_page(browser, base, 1150)
+    page.goto(f"{base}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment])}".replace(" ", ""))
+    page.get_by_text("Run details", exact=True).wait_for(timeout=60_000)
+    close_assistant(page)
+    # The parallel coordinates plot: the metrics people compare instead of its default (rmse_train).
+    metrics = page.locator("input[role=combobox]").nth(1)
+    metrics.click()
+    page.keyboard.press("Backspace")  # removes rmse_train
+    for name in METRICS:
+        metrics.fill(name)
+        page.keyboard.press("Enter")
+        page.wait_for_timeout(300)
+    page.keyboard.press("Escape")
+    page.get_by_text("Comparing", exact=False).first.click()
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path))
+    log.info("saved %s", path)
+
+
+def api(base: str, endpoint: str, body: dict) -> dict:
+    request = urllib.request.Request(f"{base}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.load(answer)
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("docs/img"))
+    parser.add_argument("--port", type=int, default=5077)
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "chromium")
+    parser.add_argument("--experiment", default="tamrun-ui")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = f"http://127.0.0.1:{args.port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(args.port),
+             "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
+             "--artifacts-destination", f"{tmp}/artifacts"],
+            stdout=open(f"{tmp}/server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(f"{base}/health", 120)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+            subprocess.run([sys.executable, "-m", "tamrun", "-m", f"tracking.uri={base}",
+                            f"tracking.experiment={args.experiment}", "progress=log", f"hydra.sweep.dir={tmp}/sweep",
+                            *JOBS], check=True, timeout=600, env=env, cwd=tmp)
+            with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
+                                        f"{args.experiment}", timeout=30) as answer:
+                experiment = json.load(answer)["experiment"]["experiment_id"]
+            runs = api(base, "runs/search", {"experiment_ids": [experiment],
+                                              "filter": "tags.sweep_job != ''"})["runs"]
+            ids = [r["info"]["run_id"] for r in runs]
+            from playwright.sync_api import sync_playwright
+
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
+                try:
+                    run_list(browser, base, experiment, args.out / "mlflow_runs.png")
+                    comparison(browser, base, experiment, ids, args.out / "mlflow_compare.png")
+                finally:
+                    browser.close()
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

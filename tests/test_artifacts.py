@@ -1,0 +1,101 @@
+"""What a run leaves in MLflow besides metrics: the pyfunc model and the plots."""
+
+from __future__ import annotations
+
+import mlflow.pyfunc
+import numpy as np
+import pytest
+import torch
+from matplotlib.image import imread
+from mlflow.tracking import MlflowClient
+
+from tamrun.config.load import typed_config
+from tamrun.effects.partial import partial_effect_curves
+from tamrun.errors import DataError
+from tamrun.pipeline import load_splits
+from tamrun.runner import run
+
+from conftest import csv_overrides
+
+PLOTS = {"forecast", "partial_effects", "residuals_by_time_of_day", "memory_timeline", "cg_residuals"}
+
+
+@pytest.fixture(scope="module")
+def cg_run(tmp_path_factory):
+    """One CG run on the synthetic CSV with a validation split, recorded in its own store."""
+    from conftest import synthetic_frame
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tamrun.config.load import config_dir
+    from tamrun.config.store import register_configs
+
+    folder = tmp_path_factory.mktemp("artifacts")
+    csv = folder / "synthetic.csv"
+    synthetic_frame().to_csv(csv, index=False)
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"tracking.uri={store}", *csv_overrides(csv), "solver=cg",
+                                                       "solver.preconditioner=jacobi",
+                                                       "split.validation_start=2020-12-01"])
+    GlobalHydra.instance().clear()
+    return run(cfg), cfg, store, folder
+
+
+def test_the_pyfunc_model_predicts_what_the_run_predicted(cg_run):
+    result, cfg, store, folder = cg_run
+    local = MlflowClient(tracking_uri=store).download_artifacts(result.run_id, "model/pyfunc", str(folder))
+    loaded = mlflow.pyfunc.load_model(local)
+    assert loaded.metadata.get_input_schema().input_names() == ["g", "x", "dow"]
+    assert loaded.metadata.saved_input_example_info is not None
+    config, specs = typed_config(cfg)
+    _, test_frame = load_splits(config, specs)
+    shuffled = test_frame.sample(frac=1.0, random_state=0)  # any row order: output follows the input
+    predicted = loaded.predict(shuffled[["g", "x", "dow"]])
+    expected = (result.predictions[result.predictions["split"] == "test"]
+                .set_index(["date", "group"])["predicted"])
+    in_process = expected.loc[list(zip(shuffled["date"], shuffled["g"]))].to_numpy()
+    assert len(predicted) == len(shuffled) == 24 * 34  # 2021-01-01 .. 2021-02-03
+    assert np.max(np.abs(np.asarray(predicted) - in_process)) <= 1e-9
+    with pytest.raises(DataError, match="model.effects.dow.column"):
+        loaded.predict(shuffled[["g", "x", "dow"]].assign(dow=9))  # a level never seen in training
+
+
+def test_every_plot_is_logged_and_readable(cg_run):
+    result, _, store, folder = cg_run
+    client = MlflowClient(tracking_uri=store)
+    logged = {a.path for a in client.list_artifacts(result.run_id, "plots")}
+    assert logged == {f"plots/{name}.png" for name in PLOTS}
+    for name in PLOTS:
+        image = imread(client.download_artifacts(result.run_id, f"plots/{name}.png", str(folder)))
+        assert image.shape[0] >= 300 and image.shape[1] >= 600 and image.std() > 0.01  # drawn, not blank
+    assert result.metrics["rmse_validation"] < 0.15  # noise sd 0.1; the validation month was not fitted
+
+
+def test_partial_effects_recover_the_true_curve():
+    """y = 5 + 2 sin(x) + 0.3 dow + 0.5 g + N(0, 0.1^2): in every group g the spline's partial effect is
+    2 sin(x) up to a constant (tolerance: about 4 standard errors of the fit) and dow's steps are 0.3."""
+    from conftest import synthetic_frame
+    from tamrun.config.effects import parse_effects
+    from tamrun.config.schema import Config
+    from tamrun.pipeline import build_features, solve, plan_memory
+    from tamrun.device import DeviceManager
+
+    config = Config()
+    config.data.group, config.data.target = "g", "y"
+    config.model.name = "t"
+    specs = parse_effects({"sx": {"kind": "spline", "column": "x", "k": 12, "ap": -8},
+                           "dow": {"kind": "categorical", "column": "dow", "ap": -8}})
+    features = build_features(config, specs, synthetic_frame(days=240))
+    devices = DeviceManager.from_config(config.hw, torch.float64)
+    model = solve(config, features, plan_memory(config, features, devices), devices)
+    curves = {c["name"]: c for c in partial_effect_curves(model.design, model.coef, model.train, points=50)}
+    spline = curves["sx"]
+    truth = 2 * np.sin(spline["grid"])
+    centred = spline["values"] - spline["values"].mean(axis=1, keepdims=True)
+    assert spline["values"].shape == (3, 50)
+    assert np.max(np.abs(centred - (truth - truth.mean()))) < 0.05
+    assert curves["dow"]["discrete"] and list(curves["dow"]["grid"]) == list(range(7))
+    np.testing.assert_allclose(np.diff(curves["dow"]["values"], axis=1), 0.3, atol=0.03)  # 0.3 per day

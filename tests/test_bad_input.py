@@ -1,0 +1,325 @@
+"""Every bad input of docs/reliability.md: one readable message naming the field (or column), the
+value and the fix; exit code 2; no traceback; the MLflow run (if it had started) FAILED with the error
+as a tag and the log as an artifact; the store still readable.
+
+The table runs in-process through the command line's own entry (`tamrun.__main__.main`, real Hydra);
+`test_bad_input_through_a_real_subprocess` runs some rows as ``python -m tamrun`` to prove the exit
+code and the absence of a traceback as a user sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from conftest import csv_overrides, synthetic_frame
+from tamrun.__main__ import main
+from tamrun.device import require_dtype
+from tamrun.errors import DeviceError
+
+
+def _nan_target(f: pd.DataFrame) -> pd.DataFrame:
+    f.loc[[10, 20, 30], "y"] = np.nan
+    return f
+
+
+def _inf_feature(f: pd.DataFrame) -> pd.DataFrame:
+    f.loc[[5, 6], "x"] = np.inf
+    return f
+
+
+def _duplicated_dates(f: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([f, f.iloc[100:104]], ignore_index=True)
+
+
+def _missing_group(f: pd.DataFrame) -> pd.DataFrame:
+    f["g"] = f["g"].astype(float)
+    f.loc[[7, 8], "g"] = np.nan
+    return f
+
+
+def _small_group(f: pd.DataFrame) -> pd.DataFrame:
+    """Group 2 keeps only 5 rows in training (2020) and all its rows in the test year."""
+    train2 = f.index[(f["g"] == 2) & (f["date"] < "2021-01-01")]
+    return f.drop(train2[5:])
+
+
+def _test_only_group(f: pd.DataFrame) -> pd.DataFrame:
+    f.loc[f["date"] >= "2021-01-01", "g"] = f.loc[f["date"] >= "2021-01-01", "g"].replace(2, 3)
+    return f
+
+
+def _test_only_level(f: pd.DataFrame) -> pd.DataFrame:
+    return f[~((f["dow"] == 6) & (f["date"] < "2021-01-01"))]
+
+
+def _text_column(f: pd.DataFrame) -> pd.DataFrame:
+    f["label"] = "a"
+    return f
+
+
+def _constant_column(f: pd.DataFrame) -> pd.DataFrame:
+    f["c"] = 1.0
+    return f
+
+
+@dataclass
+class Case:
+    """One bad input: ``argv`` ({csv} = the case's CSV file, {tmp} = its folder), the CSV's edit
+    (``frame``) or raw bytes (``raw``), the texts the message must hold, and whether the MLflow run
+    had started (then it must be FAILED)."""
+
+    id: str
+    argv: List[str]
+    expected: List[str]
+    started: bool
+    frame: Optional[Callable[[pd.DataFrame], pd.DataFrame]] = None
+    raw: Optional[bytes] = None
+    csv: bool = False  # fit the synthetic CSV model (csv_overrides) rather than the national preset
+    needs: Optional[str] = None  # a device kind that must be absent
+    subprocess: bool = False
+    setup: Optional[Callable[[Path], None]] = field(default=None, repr=False)
+
+
+def _file_named(name: str) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / name).write_text("not a folder\n")
+
+
+def _folder_named(name: str) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / name).mkdir()
+
+
+CASES = [
+    # --- config: refused before any run starts
+    Case("unknown group option", ["model=nope"], ["Could not find 'model/nope'", "fourier", "Fix:"], False,
+         subprocess=True),
+    Case("unknown field", ["solver.tl=1e-6"], ["solver.tl", "Key 'tl' not in 'SolverConfig'", "Fix:"], False),
+    Case("misspelled effect field", ["+model.effects.temp.mm=3"],
+         ["model.effects.temp.mm=3", "a fourier effect takes: column, m, s, cyclic, ap"], False),
+    Case("wrong type", ["solver.max_iter=abc"], ["solver.max_iter", "'abc'", "could not be converted to Integer",
+                                                 "Fix:"], False, subprocess=True),
+    Case("wrong type in an effect", ["model.effects.temp.m=abc"],
+         ["model.effects.temp.m='abc'", "a fourier effect takes"], False),
+    Case("negative m", ["model.effects.temp.m=-2"], ["model.effects.temp.m=-2", "in [1, 1000]", "Fix:"], False),
+    Case("forest depth 0", ["model=forest", "model.effects.forest.max_depth=0"],
+         ["model.effects.forest.max_depth=0", "in [1, 20]", "Fix: set max_depth"], False),
+    Case("forest depth 21", ["model=forest", "model.effects.forest.max_depth=21"],
+         ["model.effects.forest.max_depth=21", "in [1, 20]"], False),
+    Case("forest n_trees 0", ["model=forest", "model.effects.forest.n_trees=0"],
+         ["model.effects.forest.n_trees=0", "Fix: set n_trees"], False),
+    Case("tolerance 0", ["solver.tol=0"], ["solver.tol=0.0", "in (0, 1)", "Fix: set solver.tol=1e-6"], False),
+    Case("tolerance negative", ["solver.tol=-1e-6"], ["solver.tol=-1e-06", "in (0, 1)"], False),
+    Case("fraction above 1", ["memory.dense_fraction=1.5"], ["memory.dense_fraction=1.5", "(0, 1]", "Fix:"], False),
+    Case("fraction 0", ["memory.chunk_fraction_cpu=0"], ["memory.chunk_fraction_cpu=0.0", "(0, 1]"], False),
+    Case("size factor 1", ["memory.oom.size_factor=1.0"], ["memory.oom.size_factor=1.0", "(0, 1)",
+                                                          "Fix: set memory.oom.size_factor=0.7"], False),
+    Case("unknown effect kind", ["model.effects.temp.kind=wavelet"],
+         ["model.effects.temp.kind='wavelet'", "unknown effect kind", "use one of linear, fourier"], False),
+    Case("crossing of an unknown kind",
+         ["+model.effects.cross={kind: crossing, left: {kind: wavelet, column: toy}, right: {kind: fourier, column: toy}}"],
+         ["model.effects.cross.left.kind='wavelet'", "unknown effect kind"], False),
+    Case("crossing of effect names", ["+model.effects.cross={kind: crossing, left: temp, right: toy}"],
+         ["model.effects.cross.left='temp'", "must be a mapping", "Fix: write it as"], False),
+    Case("unknown dtype", ["dtype=float16"], ["dtype", "float16", "float64", "Fix:"], False),
+    Case("malformed limit", ["memory.limit=lots"], ["memory.limit='lots'", "not a size", "2GiB"], False,
+         subprocess=True),
+    Case("zero limit", ["memory.limit=0"], ["memory.limit='0'", "must be positive"], False),
+    Case("busy timeout 0", ["tracking.busy_timeout_s=0"], ["tracking.busy_timeout_s=0.0", "positive"], False),
+    Case("csv without a path", ["data=csv"], ["data.path=None", "needs the path", "Fix:"], False),
+    Case("unreachable tracking server", ["tracking.uri=http://127.0.0.1:9"],
+         ["tracking.uri='http://127.0.0.1:9'", "does not answer", "tracking.enabled=false"], False, subprocess=True),
+    Case("store folder not creatable", ["tracking.uri=sqlite:///{tmp}/afile/mlflow.db"],
+         ["tracking.uri=", "cannot create the store's folder", "writable"], False, setup=_file_named("afile")),
+    Case("store is a folder", ["tracking.uri=sqlite:///{tmp}/store.db"],
+         ["tracking.uri=", "is not a file", "writable"], False, setup=_folder_named("store.db")),
+    # --- data and split: the run has started and must end FAILED
+    Case("missing data file", ["data=csv", "data.path={tmp}/nope.csv", "model=spline"],
+         ["data.path=", "nope.csv", "no such file", "Fix:"], True),
+    Case("data path is a folder", ["data=csv", "data.path={tmp}", "model=spline"],
+         ["data.path=", "a folder, not a file"], True),
+    Case("unreadable file", [], ["data.path=", "cannot be read as CSV"], True, csv=True,
+         raw=b"\xff\xfe\x00\x81garbage\x00\xc3\x28\n\x9f\x92\x96\n"),
+    Case("empty file", [], ["data.path=", "the file is empty"], True, csv=True, raw=b""),
+    Case("header only", [], ["data.path=", "no rows"], True, csv=True, raw=b"date,x,dow,g,y\n"),
+    Case("missing column", ["model.effects.sx.column=nope"], ["model.effects.sx.column='nope'", "no such column",
+                                                              "use one of: date, x"], True, csv=True,
+         subprocess=True),
+    Case("non-numeric column", ["model.effects.sx.column=label"],
+         ["model.effects.sx.column='label'", "not numeric", "Fix:"], True, csv=True, frame=_text_column),
+    Case("NaN in the target", [], ["data.target='y'", "3 row(s) hold NaN or inf", "data.nan_policy=drop"], True,
+         csv=True, frame=_nan_target, subprocess=True),
+    Case("inf in a feature", [], ["model.effects.sx.column='x'", "2 row(s) hold NaN or inf"], True, csv=True,
+         frame=_inf_feature),
+    Case("duplicated timestamps", [], ["data.date_column='date'", "4 row(s) repeat a date (first: 2020-01-05 04:00:00 in group 1 of column 'g')",
+                                       "data.duplicate_dates=warn"], True, csv=True, frame=_duplicated_dates),
+    Case("rows without a group", [], ["data.group='g'", "2 row(s) have no group value"], True, csv=True,
+         frame=_missing_group),
+    Case("group with fewer rows than coefficients", ["data.small_groups=error"],
+         ["data.group='g'", "group 2 has 5 training row(s) for", "data.small_groups=warn"], True, csv=True,
+         frame=_small_group),
+    Case("group empty in training", [], ["data.group='g'", "group 3 appears in the test split but not in training"],
+         True, csv=True, frame=_test_only_group),
+    Case("split with no rows", ["split.test_start=2030-01-01", "split.test_end=2030-12-31"],
+         ["split.test_start='2030-01-01'", "no rows", "the data covers"], True, csv=True),
+    Case("split bound not a date", ["split.train_end=soon"], ["split.train_end='soon'", "not a date",
+                                                             "YYYY-MM-DD"], True, csv=True),
+    Case("train/test overlap", ["split.test_start=2020-06-01"],
+         ["split.test_start='2020-06-01'", "overlaps training", "Fix:"], True, csv=True),
+    Case("level seen only in the test set", [], ["model.effects.dow.column='dow'", "level(s) [6]",
+                                                 "never in training"], True, csv=True, frame=_test_only_level),
+    Case("constant feature", ["+model.effects.c={kind: linear, column: c}"],
+         ["model.effects.c.column='c'", "constant over the training split (value 1.0 in all 8784 rows)", "data.constant_features=warn"], True,
+         csv=True, frame=_constant_column),
+    Case("impossible memory limit", ["memory.limit=1KiB"], ["memory.limit='1.00 KiB'", "raise memory.limit"], True,
+         csv=True),
+    # --- hardware: the device is chosen once the run has started
+    Case("hw=cuda absent", ["hw=cuda"], ["hw='cuda'", "no cuda device", "hw=cpu"], True, csv=True, needs="cuda"),
+    Case("hw=mps absent", ["hw=mps"], ["hw='mps'", "no mps device"], True, csv=True, needs="mps"),
+    Case("hw=xpu absent", ["hw=xpu"], ["hw='xpu'", "no xpu device"], True, csv=True, needs="xpu"),
+]
+
+
+def _device_present(kind: Optional[str]) -> bool:
+    from tamrun.device import _available
+
+    return kind is not None and _available(kind)
+
+
+def _prepare(case: Case, tmp_path: Path) -> List[str]:
+    """Write the case's CSV (or other files) and return its full argv."""
+    path = tmp_path / "data.csv"
+    if case.raw is not None:
+        path.write_bytes(case.raw)
+    else:
+        frame = synthetic_frame(days=400, groups=3)
+        (case.frame(frame) if case.frame else frame).to_csv(path, index=False)
+    if case.setup:
+        case.setup(tmp_path)
+    argv = [a.replace("{csv}", str(path)).replace("{tmp}", str(tmp_path)) for a in case.argv]
+    if case.csv:
+        argv = csv_overrides(path) + argv
+    if not any(a.startswith("tracking.uri=") for a in argv):
+        argv.append(f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}")
+    return argv
+
+
+def _check_store(case: Case, tmp_path: Path) -> None:
+    db = tmp_path / "mlflow.db"
+    if not case.started:
+        assert not db.exists() or not MlflowClient(tracking_uri=f"sqlite:///{db}").search_runs(["0", "1"])
+        return
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    (logged,) = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id])
+    assert logged.info.status == "FAILED"
+    assert logged.data.tags["error_type"].endswith("Error") and logged.data.tags["error"]
+    log_text = Path(client.download_artifacts(logged.info.run_id, "logs/run.log", str(tmp_path))).read_text()
+    assert logged.data.tags["error"][:60] in log_text and "Traceback" in log_text  # the traceback goes to the log
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_in_process(case, tmp_path, monkeypatch, capsys):
+    if _device_present(case.needs):
+        pytest.skip(f"this machine has {case.needs}: hw={case.needs} is valid here")
+    argv = _prepare(case, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    out = capsys.readouterr()
+    output = out.out + out.err
+    assert ended.value.code == 2, output
+    for text in case.expected:
+        assert text in output, output
+    assert "Traceback" not in output
+    _check_store(case, tmp_path)
+
+
+def test_the_table_has_at_least_thirty_distinct_cases():
+    assert len({c.id for c in CASES}) == len(CASES) >= 30
+
+
+SUBPROCESS_CASES = [c for c in CASES if c.subprocess]
+
+
+@pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=[c.id for c in SUBPROCESS_CASES])
+def test_bad_input_through_a_real_subprocess(case, tmp_path):
+    argv = _prepare(case, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_"))}
+    done = subprocess.run([sys.executable, "-m", "tamrun", *argv], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    for text in case.expected:
+        assert text in output, output
+    assert "Traceback" not in output
+    _check_store(case, tmp_path)
+
+
+def test_hydra_verbose_shows_the_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        main(["hydra.verbose=true", "memory.limit=lots", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "Traceback" in err and "memory.limit='lots'" in err
+
+
+def test_float64_on_a_device_without_it_is_refused():
+    """No MPS here: the capability check itself is called with the kind that lacks float64."""
+    with pytest.raises(DeviceError, match=r"dtype='float64': the MPS backend has no float64 support. "
+                                          r"Fix: use dtype=float32 with hw=mps"):
+        require_dtype("mps", torch.float64)
+    require_dtype("mps", torch.float32)
+    require_dtype("cpu", torch.float64)
+
+
+# --- inputs that are handled rather than refused (docs/reliability.md says what happens to each)
+
+def _shuffled(f: pd.DataFrame) -> pd.DataFrame:
+    return f.sample(frac=1.0, random_state=0)
+
+
+def _run_csv(tmp_path: Path, monkeypatch, edit, *argv: str):
+    """The CLI on the synthetic CSV edited by ``edit``: (exit code, the run, its logs/run.log)."""
+    case = Case("handled", list(argv), [], True, frame=edit, csv=True)
+    args = _prepare(case, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    main(args)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (logged,) = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id])
+    text = Path(client.download_artifacts(logged.info.run_id, "logs/run.log", str(tmp_path))).read_text()
+    coef = pd.read_csv(client.download_artifacts(logged.info.run_id, "model/coefficients.csv", str(tmp_path)))
+    return logged, text, coef
+
+
+def test_unsorted_timestamps_are_sorted_and_fit_as_sorted(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, _, shuffled = _run_csv(tmp_path / "a", monkeypatch, _shuffled, "tracking.log_plots=false")
+    logged, _, ordered = _run_csv(tmp_path / "b", monkeypatch, None, "tracking.log_plots=false")
+    assert logged.info.status == "FINISHED"
+    pd.testing.assert_frame_equal(shuffled, ordered, check_exact=False, rtol=1e-9)
+
+
+def test_nan_policy_drop_drops_and_says_how_many(tmp_path, monkeypatch):
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _nan_target, "data.nan_policy=drop", "tracking.log_plots=false")
+    assert logged.info.status == "FINISHED"
+    assert "dropping 3 row(s) with NaN/inf in ['y'" in text
+    assert logged.data.metrics["n_train_rows"] == 366 * 24 - 3  # 2020 is a leap year; rows 10, 20, 30 dropped
+
+
+def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch):
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false")
+    assert logged.info.status == "FINISHED"
+    assert "group 2 has 5 training row(s) for" in text and "the config says warn" in text

@@ -1,0 +1,141 @@
+"""Multirun sweeps as users run them: the CLI in a subprocess, real launchers, a real sqlite store."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from mlflow.tracking import MlflowClient
+
+from tamrun.config.load import config_dir
+from tamrun.config.store import register_configs
+from tamrun.tracking.sweep import SWEEP_FILE
+
+from conftest import csv_overrides
+from test_cli import tamrun
+
+# A model preset of the user's own (one spline effect on the synthetic CSV), found through
+# hydra.searchpath: a sweeper can then tune its fields (optuna sets them before any `+key=`).
+SYN_MODEL = """name: syn
+effects:
+  sx: {kind: spline, column: x, k: 10, ap: -6}
+"""
+
+
+def sweep_args(csv_path: Path, store: str, sweep_dir: Path) -> list:
+    """The CSV, the user's model, one thread per job (2 cores in CI), the store and the sweep folder."""
+    conf = sweep_dir.parent / "user_conf"
+    (conf / "model").mkdir(parents=True, exist_ok=True)
+    (conf / "model" / "syn.yaml").write_text(SYN_MODEL)
+    data = [o for o in csv_overrides(csv_path) if not o.startswith(("model=", "+model."))]
+    return [f"tracking.uri={store}", f"hydra.sweep.dir={sweep_dir}", f"hydra.searchpath=[file://{conf}]",
+            "model=syn", "hw.threads=1", *data]
+
+
+def sweep_runs(store: str, sweep_dir: Path):
+    """(parent run, child runs by job number) of the sweep recorded in ``sweep_dir``."""
+    info = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([info["experiment_id"]], filter_string=f"tags.sweep_id = '{info['sweep_id']}'")
+    parent = [r for r in runs if r.info.run_id == info["parent_run_id"]]
+    children = sorted((r for r in runs if r.info.run_id != info["parent_run_id"]),
+                      key=lambda r: int(r.data.tags["sweep_job"]))
+    return client, parent[0], children
+
+
+def test_a_parallel_sweep_records_every_job_under_one_parent(tmp_path, csv_path):
+    """4 jobs, 2 processes at once (hydra/launcher=parallel, joblib's loky), one sqlite store."""
+    store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    done = tamrun("-m", "hydra/launcher=parallel", *sweep_args(csv_path, store, sweep_dir),
+                  "model.effects.sx.k=6,8,10,12", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Joblib.Parallel(n_jobs=2,backend=loky" in done.stdout + done.stderr
+    client, parent, children = sweep_runs(store, sweep_dir)
+    assert [r.info.status for r in children] == ["FINISHED"] * 4
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert [r.data.params["model.effects.sx.k"] for r in children] == ["6", "8", "10", "12"]
+    assert parent.info.status == "FINISHED" and parent.data.metrics["sweep_jobs"] == 4
+    summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/summary.csv", str(tmp_path)))
+    assert summary["job"].tolist() == [0, 1, 2, 3] and set(summary["status"]) == {"FINISHED"}
+    for row, run in zip(summary.itertuples(), children):
+        assert row.run_id == run.info.run_id
+        assert row.rmse_test == pytest.approx(run.data.metrics["rmse_test"], rel=1e-12)
+        assert "model.effects.sx.k=" in row.overrides
+    assert parent.data.metrics["best_rmse_test"] == pytest.approx(summary["rmse_test"].min(), rel=1e-12)
+    assert "sweep/objective.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
+    assert "| job | run_id |" in (Path(client.download_artifacts(parent.info.run_id, "sweep/summary.md",
+                                                                     str(tmp_path)))).read_text()
+
+
+def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_path):
+    """The optuna sweeper gets rmse_validation (a period carved out of training) as the objective."""
+    store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    done = tamrun("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1",
+                  "hydra.sweeper.sampler.seed=0", *sweep_args(csv_path, store, sweep_dir),
+                  "split.validation_start=2020-11-01", "model.effects.sx.ap=interval(-9.0, 1.0)", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    client, parent, children = sweep_runs(store, sweep_dir)
+    assert len(children) == 4 and {r.info.status for r in children} == {"FINISHED"}
+    validation = [r.data.metrics["rmse_validation"] for r in children]
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(min(validation), rel=1e-12)
+    assert not any(math.isclose(best["best_value"], r.data.metrics["rmse_test"]) for r in children)
+    assert parent.data.metrics["best_rmse_validation"] == pytest.approx(min(validation), rel=1e-12)
+    # the validation rows (Nov-Dec 2020) were not fitted: fewer training rows than the full year
+    assert {r.data.metrics["n_train_rows"] for r in children} == {24 * (366 - 61)}
+
+
+def test_a_local_submitit_job_runs_end_to_end(tmp_path, csv_path):
+    store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    done = tamrun("-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5",
+                  *sweep_args(csv_path, store, sweep_dir), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, parent, children = sweep_runs(store, sweep_dir)
+    assert [r.info.status for r in children] == ["FINISHED"] and parent.info.status == "FINISHED"
+    assert (sweep_dir / ".submitit").is_dir()  # submitit's own job folder: it did launch the job
+
+
+def compose_hydra(*overrides: str):
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("launcher,target,field,value", [
+    ("parallel", "hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "backend", "loky"),
+    ("slurm", "hydra_submitit_launcher.submitit_launcher.SlurmLauncher", "timeout_min", 60),
+    ("ray_cluster", "hydra_ray_launcher.ray_launcher.RayLauncher", "ray", {"init": {"address": "auto"},
+                                                                          "remote": {"num_cpus": 4, "num_gpus": 0}}),
+])
+def test_launcher_configs_compose(launcher, target, field, value):
+    cfg = compose_hydra(f"hydra/launcher={launcher}")
+    assert cfg.hydra.launcher._target_ == f"hydra_plugins.{target}"
+    assert cfg.hydra.launcher[field] == value
+
+
+def test_the_penalty_search_tunes_on_a_validation_year_before_the_test_year():
+    cfg = compose_hydra("+experiment=tune_penalties")
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_.endswith("OptunaSweeper") and sweeper.n_trials >= 20
+    assert all(key.endswith(".ap") for key in sweeper.params) and len(sweeper.params) >= 5
+    assert cfg.objective == "rmse_validation" and cfg.model.name == "fourier"
+    assert cfg.split.validation_start < cfg.split.train_end < cfg.split.test_start
+    assert "tamrun.tracking.sweep.SweepCallback" in str(cfg.hydra.callbacks)
+
+
+def test_help_lists_the_groups_the_experiment_and_the_launchers(tmp_path):
+    done = tamrun("--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for line in ("experiment: tune_penalties", "model: custom, forest, forest_big, forest_fourier, fourier, spline",
+                 "hydra/launcher=parallel|slurm|ray_cluster|submitit_local", "docs/sweeps.md"):
+        assert line in done.stdout, done.stdout[:2000]
