@@ -135,7 +135,8 @@ def problem_size(features: Features, n_predict_rows: int = 0, config: Optional[C
     counts = getattr(torch, solver.dual_counts_dtype.value)
     forests = [(e.slots, e.width // e.grid_q, count_dtype(e.slots, counts).itemsize,
                 e.width // e.grid_q > solver.dual_dense_counts_max) for e in design.indexed_effects]
-    kernel_build = kernel_build_bytes(train.x.shape[1], itemsize, solver.dual_tile_rows, forests)
+    kernel_build = kernel_build_bytes(train.x.shape[1], itemsize, solver.dual_tile_rows, forests,
+                                      solver.dual_scatter_max_leaf_rows)
     return ProblemSize(n_groups=len(train.groups), n_rows=train.x.shape[1], width=design.width, itemsize=itemsize,
                        row=design.row_bytes(itemsize), n_predict_rows=n_predict_rows, preconditioner_elements=blocks,
                        kernel_row=design.kernel_row_bytes(itemsize), kernel_build=kernel_build)

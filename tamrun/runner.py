@@ -86,7 +86,12 @@ def run(cfg: Any, overrides: Optional[List[str]] = None) -> RunResult:
         tracked.log_text("\n".join(overrides or []) + "\n", "config/overrides.txt")
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
-        result = _fit_and_evaluate(config, specs, devices, tracked)
+        if config.mode.name == ModeName.adaptive:
+            from tamrun.adaptive.job import run_adaptive
+
+            result = run_adaptive(config, specs, devices, tracked)
+        else:
+            result = _fit_and_evaluate(config, specs, devices, tracked)
         result.run_id = tracked.run_id
     return result
 

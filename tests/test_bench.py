@@ -60,3 +60,18 @@ def test_child_reports_one_result_line(tmp_path, capsys):
     record = json.loads(lines[0][len(RESULT_PREFIX):])
     assert record["status"] == "ok" and record["route"] == "direct" and record["rmse"] <= 1.02 * 1659.2
     assert record["fit_seconds"] > 0 and record["peak_bytes"] > 0
+
+
+def test_adaptive_benchmark_rows_agree_with_the_batched_run(capsys):
+    """python -m tamrun.bench.adaptive on five daily refits: four rows, the same RMSE on each, the
+    one-window and capped runs within 1e-12 of the batched one (the same Grams; only the batched
+    solves' rounding may differ), the loop of static fits within 1e-9."""
+    from tamrun.bench.adaptive import main
+
+    assert main(["--windows", "730", "--test-end", "2024-01-05"]) == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    rows = [line.split("|")[1:-1] for line in table[-4:]]
+    assert [r[2].strip() for r in rows][:3] == ["batched", "one window", "loop of static fits"]
+    assert rows[0][4].strip() == "5 × 48" and rows[1][4].strip() == "1 × 48"
+    assert len({r[10] for r in rows}) == 1  # RMSE adaptive
+    assert float(rows[1][12]) <= 1e-12 and float(rows[3][12]) <= 1e-12 and float(rows[2][12]) <= 1e-9

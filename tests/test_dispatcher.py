@@ -159,35 +159,40 @@ def test_dual_form_matches_the_primal_and_the_dense_reference():
     assert batch.x.shape[1] < design.width  # N < D
     reference = reference_coefficients(batch, design)
     coefs = {}
-    # dense (bfloat16, float32) and sparse leaf counts; K's lower triangle in one tile or in tiles of 7 rows
-    variants = [(True, 4096, "bfloat16", 512), (True, 4096, "float32", 7), (True, 0, "bfloat16", 7),
-                (False, 4096, "bfloat16", 512)]
-    for dual, counts_max, counts, tile in variants:
+    # leaf counts by the dense product (bfloat16, float32), scattered, or both (leaves of more than 4
+    # rows dense); K's lower triangle in one tile or in tiles of 7 rows
+    variants = [(True, 4096, "bfloat16", 512, 96), (True, 4096, "float32", 7, 96), (True, 0, "bfloat16", 7, 96),
+                (True, 0, "float32", 7, 4), (False, 4096, "bfloat16", 512, 96)]
+    for dual, counts_max, counts, tile, scatter_rows in variants:
         plan = Plan(route="direct", reason="test", fit=ChunkPlan(1, 17, 0), predict=ChunkPlan(3, 17, 0),
                     cache_design=False, budget=0, free=0, predicted_peak=0, dual=dual)
         solver = SolverConfig(dual_dense_counts_max=counts_max, dual_counts_dtype=CountDType(counts),
-                              dual_tile_rows=tile)
+                              dual_tile_rows=tile, dual_scatter_max_leaf_rows=scatter_rows)
         coef, _ = Dispatcher(design, DeviceManager("cpu"), plan, solver, OomConfig(), OomLog()).fit(batch)
-        coefs[dual, counts_max, counts, tile] = coef.numpy()
+        coefs[dual, counts_max, counts, tile, scatter_rows] = coef.numpy()
     primal = coefs[variants[-1]]
     for variant in variants[:-1]:
         assert max_rel(coefs[variant], reference) <= 1e-8, variant
         assert max_rel(coefs[variant], primal) <= 1e-8, variant
 
 
-@pytest.mark.parametrize("dense_max", [0, 10_000])
+@pytest.mark.parametrize("dense_max,scatter_rows", [(10_000, 0), (0, 10_000), (0, 0), (0, 18)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_leaf_count_tiles_equal_the_pairwise_count(dense_max, dtype):
-    """Every tile of C (dense product in bfloat16 or float32, or sparse) equals the explicit pairwise
-    count exactly; 300 trees exceed bfloat16's exact integers, so count_dtype falls back to float32."""
+def test_leaf_count_tiles_equal_the_pairwise_count(dense_max, scatter_rows, dtype):
+    """Every tile of C equals the explicit pairwise count exactly on and below the diagonal (K needs no
+    more): all leaves in the dense product (bfloat16 or float32), all pairs scattered, or both (the
+    leaves of more than 18 rows dense); 300 trees exceed bfloat16's exact integers, so count_dtype
+    falls back to float32."""
     from tamrun.solve.dual import LeafCounts, count_dtype
 
     rng = np.random.default_rng(3)
     for trees, rows in ((5, 37), (300, 23)):
         leaves = rng.integers(0, 2, size=(rows, trees)) + 2 * np.arange(trees)  # trees of 2 leaves each
         expected = (leaves[:, None, :] == leaves[None, :, :]).sum(-1)  # explicit pairwise comparison
-        counter = LeafCounts(torch.as_tensor(leaves), 2 * trees, dense_max, count_dtype(trees, dtype))
+        counter = LeafCounts(torch.as_tensor(leaves), 2 * trees, dense_max, count_dtype(trees, dtype), scatter_rows)
+        lower = np.tril(np.ones((rows, rows), dtype=bool))
         for start, stop, upto in ((0, 8, 8), (8, 16, 16), (16, rows, rows), (3, 11, rows)):
-            tile = counter.tile(start, stop, upto)
-            np.testing.assert_array_equal(tile.float().numpy(), expected[start:stop, :upto])
+            tile = counter.tile(start, stop, upto).float().numpy()
+            keep = lower[start:stop, :upto]
+            np.testing.assert_array_equal(tile[keep], expected[start:stop, :upto][keep])
     assert count_dtype(256, torch.bfloat16) == torch.bfloat16 and count_dtype(257, torch.bfloat16) == torch.float32

@@ -103,10 +103,10 @@ def test_dual_form_when_a_group_has_fewer_rows_than_columns():
     assert oracle.route(wide, free=10**9, dual=False)[0] == "cg"
     plan = oracle.plan(wide, free=10**9, dual=True)
     assert plan.dual and plan.route == "direct" and plan.fit.groups == 1  # one N x N system at a time
-    # K with the bfloat16 leaf indicator (N R 2) and one tile of all 80 rows (tile and term, 2 b N 8,
-    # the counts' tile b N 2), then K and its factor; all N rows and their whitened copies
+    # K with the bfloat16 leaf indicator (N (R + 1) 2) and one tile of all 80 rows (tile and term,
+    # 2 b N 8, the counts' tile b N 2), then K and its factor; all N rows and their whitened copies
     n2 = 80 * 80
-    build = 80 * 40 * 2 + 2 * 80 * 80 * 8 + 80 * 80 * 2
+    build = 80 * 41 * 2 + 2 * 80 * 80 * 8 + 80 * 80 * 2
     expected = max(n2 * 8 + build, 2 * n2 * 8) + 80 * (8 * 50 + 64)
     assert plan.fit_cost.fixed == expected
     tall = ProblemSize(n_groups=4, n_rows=1000, width=50, itemsize=8, row=row)

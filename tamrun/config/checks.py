@@ -66,6 +66,8 @@ def check_config(cfg: Config) -> None:
              "set solver.jitter=1e-6, or solver.dual=false")
     _require(sol.dual_dense_counts_max >= 0, "solver.dual_dense_counts_max", sol.dual_dense_counts_max,
              "must be >= 0", "set solver.dual_dense_counts_max=4096")
+    _require(sol.dual_scatter_max_leaf_rows >= 0, "solver.dual_scatter_max_leaf_rows", sol.dual_scatter_max_leaf_rows,
+             "must be >= 0", "set solver.dual_scatter_max_leaf_rows=96")
     _require(sol.dual_tile_rows >= 1, "solver.dual_tile_rows", sol.dual_tile_rows, "must be >= 1",
              "set solver.dual_tile_rows=1024")
 
@@ -94,5 +96,19 @@ def check_config(cfg: Config) -> None:
         value = getattr(cfg.tracking, name)
         _require(math.isfinite(value) and value > 0, f"tracking.{name}", value,
                  "a wait must be a positive number of seconds", f"set tracking.{name}=60")
+
+    ada = cfg.adaptive
+    _require(ada.window >= 1, "adaptive.window", ada.window, "a window must hold at least one day",
+             "set adaptive.window=365")
+    _require(ada.step >= 1, "adaptive.step", ada.step, "the step between refits must be >= 1 day",
+             "set adaptive.step=1 (daily refits) or 7 (weekly)")
+    _require(ada.horizon is None or ada.horizon >= ada.step, "adaptive.horizon", ada.horizon,
+             f"the horizon must be >= adaptive.step={ada.step} days, or the days between a refit's "
+             "horizon and the next refit would not be forecast", f"set adaptive.horizon={ada.step} or null")
+    _require(ada.refresh >= 0, "adaptive.refresh", ada.refresh, "must be >= 0",
+             "set adaptive.refresh=64 (0: recompute only the first window's Gram)")
+    _require(ada.max_batch_windows is None or ada.max_batch_windows >= 1, "adaptive.max_batch_windows",
+             ada.max_batch_windows, "must be >= 1 or null", "set adaptive.max_batch_windows=null")
+
     _require(bool(cfg.tracking.experiment), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", "set tracking.experiment=tamrun")

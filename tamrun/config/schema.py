@@ -57,6 +57,7 @@ class DataSource(str, Enum):
 class ModeName(str, Enum):
     run = "run"
     plan = "plan"
+    adaptive = "adaptive"
 
 
 class NanPolicy(str, Enum):
@@ -189,6 +190,10 @@ class SolverConfig:
     # Dual form: the leaf co-occurrence counts of a forest block with at most this many leaves (R)
     # come from a dense product of its N x R leaf indicator, else from a sparse product.
     dual_dense_counts_max: int = 4096
+    # Dual form, wide forests (more leaves than dual_dense_counts_max): leaves with more rows than this
+    # join the dense product (a column costs about N^2 flops), the pairs of rows in the others are
+    # scattered (s (s + 1) / 2 adds for a leaf of s rows).
+    dual_scatter_max_leaf_rows: int = 96
     # Dual form: the dtype of that dense product; bfloat16 is exact for forests of at most 256 trees
     # (float32 is used beyond) and several times faster on CPUs and GPUs with bfloat16 arithmetic.
     dual_counts_dtype: CountDType = CountDType.bfloat16
@@ -219,8 +224,36 @@ class TrackingConfig:
 
 
 @dataclass
+class AdaptiveConfig:
+    """Sliding-window refits over the test period (``mode=adaptive``, docs/adaptive.md).
+
+    Refit k (k = 0, 1, ...) happens at t_k = split.test_start + k * step days, on the rows dated in
+    [t_k - window days, t_k), and forecasts the days [t_k, t_k + horizon). The effects' state (feature
+    ranges, levels, forest thresholds) stays the one fitted on the training split: a refit refits
+    the coefficients only.
+    """
+
+    # Days of data each refit is fitted on.
+    window: int = 730
+    # Days between refits (1 = daily refits).
+    step: int = 1
+    # Days each refit forecasts from its date; None = step. Must be >= step, so every test day is
+    # forecast by the latest refit before it.
+    horizon: Optional[int] = None
+    # Direct route: recompute a window's Gram from its rows every this many refits (refit k with
+    # k % refresh == 0), up/down-dating it in between; 0 = only the first refit. Bounds the rounding
+    # drift of the running sums.
+    refresh: int = 64
+    # At most this many windows per batch; None = as many as the window budget allows.
+    max_batch_windows: Optional[int] = None
+    # Keep every refit's coefficients (K, G, D) on the host (returned, last one logged).
+    keep_coefficients: bool = True
+
+
+@dataclass
 class ModeConfig:
-    """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only."""
+    """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only;
+    ``adaptive`` refits on a sliding window over the test period (settings: `Config.adaptive`)."""
 
     name: ModeName = ModeName.run
 
@@ -235,5 +268,6 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     dtype: DType = DType.float64
     seed: int = 0

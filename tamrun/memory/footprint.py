@@ -50,21 +50,30 @@ def dense_system_bytes(p: ProblemSize) -> int:
     return (2 * p.width * p.width + 4 * p.width) * p.itemsize
 
 
-SPARSE_TILE_ENTRY_BYTES = 32  # a sparse tile product: CSR entries (8 + 8 + 4), their flat positions, the dense tile
+COUNT_PAIRS_PER_STEP = 1 << 20  # the dual's scattered leaf counts: pairs of rows scattered at a time
+COUNT_PAIR_BYTES = 44  # per pair: left, right, their leaf's first entry, offsets, flat position (int64), a one (float32)
+COUNT_ENTRY_BYTES = 56  # per leaf entry (N T of them): the sort's order and keys, data row, first entry, size
 
 
 def kernel_build_bytes(n_rows: int, itemsize: int, tile_rows: int,
-                       forests: Sequence[Tuple[int, int, int, bool]] = ()) -> int:
+                       forests: Sequence[Tuple[int, int, int, bool]] = (), scatter_max_rows: int = 0) -> int:
     """Temporaries of the dual's K built tile by tile (`tamrun.solve.dual.group_kernel`), per forest
-    block (slots T, grid rows R, count itemsize c, sparse): its leaf indicator, dense (N R c) or as
-    CSR (12 bytes per non-zero and 8 per grid row), all kept while K is built; and one tile of
-    b = min(tile_rows, N) rows: the tile and one (G G') term (2 b N s), plus the counts' tile (b N c,
-    or SPARSE_TILE_ENTRY_BYTES per entry when sparse)."""
+    block (slots T, grid rows R, count itemsize c, wide: R > solver.dual_dense_counts_max), kept while
+    K is built: the leaf indicator of the leaves in the dense product (N (R_d + 1) c, R_d = R, or for a
+    wide forest at most N T / (scatter_max_rows + 1) leaves of more rows) and, for a wide forest, the
+    scattered counts C (4 N^2), with the scatter's temporaries while C is made (COUNT_ENTRY_BYTES per
+    entry, COUNT_PAIR_BYTES per pair of a step); then one tile of b = min(tile_rows, N) rows: the
+    tile and one (G G') term (2 b N s), the product's tile (b N c) and, wide, its sum with C's (b N 4)."""
     rows = min(tile_rows, n_rows)
-    indicators = sum(12 * n_rows * t + 8 * r if sparse else n_rows * r * c for t, r, c, sparse in forests)
-    counts_tile = max((rows * n_rows * (SPARSE_TILE_ENTRY_BYTES if sparse else c) for _, _, c, sparse in forests),
-                      default=0)
-    return indicators + 2 * rows * n_rows * itemsize + counts_tile
+    kept, making, counts_tile = 0, 0, 0
+    for slots, grid_rows, count_itemsize, wide in forests:
+        dense_leaves = min(grid_rows, n_rows * slots // (scatter_max_rows + 1)) if wide else grid_rows
+        if wide:
+            making = max(making, kept + COUNT_ENTRY_BYTES * n_rows * slots + COUNT_PAIR_BYTES * COUNT_PAIRS_PER_STEP)
+            kept += 4 * n_rows * n_rows
+        kept += n_rows * (dense_leaves + 1) * count_itemsize
+        counts_tile = max(counts_tile, rows * n_rows * (count_itemsize + (4 if wide else 0)))
+    return max(making, kept + 2 * rows * n_rows * itemsize + counts_tile)
 
 
 def dual_system_bytes(p: ProblemSize) -> int:

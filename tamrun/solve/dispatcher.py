@@ -88,18 +88,18 @@ class Dispatcher:
         self.initial = initial
 
     def _guarded(self, step: Callable[[int], Tuple[int, int]], total: int, chunk: int, rows: int, phase: str,
-                 cost) -> int:
-        """Run ``step(start, size)`` over ``total`` groups in chunks, each charged to the tracker and
-        retried with fewer groups on OOM; returns the chunk size that was kept (and remembered for
-        the phase's next call)."""
+                 cost, unit: str = "groups") -> int:
+        """Run ``step(start, size)`` over ``total`` groups (or other ``unit``s: the adaptive mode's
+        windows) in chunks, each charged ``cost.bytes(size, rows, 1.0)`` to the tracker and retried
+        with fewer on OOM; returns the chunk size that was kept (and remembered for the phase's next call)."""
         chunk = min(chunk, self._learned.get(phase, chunk))
         start = 0
         while start < total:
             def attempt(size: int, start: int = start) -> Tuple[int, int]:
                 take = min(size, total - start)
-                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{phase} of {take} group(s)"):
+                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{phase} of {take} {unit}"):
                     step(start, take)
-                self.snapshot(f"{phase} groups {start}..{start + take - 1}")
+                self.snapshot(f"{phase} {unit} {start}..{start + take - 1}")
                 return take, size
 
             done, chunk = retry_on_oom(attempt, chunk, self.oom_policy, phase, self.oom_log,
@@ -136,6 +136,12 @@ class Dispatcher:
         return batch.counts[groups].to(self.devices.device).clamp_min(1.0)
 
     def _fit_direct(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty, stats: FitStats) -> torch.Tensor:
+        gram, rhs = self.normal_equations(batch, groups)
+        return self.solve_normal_equations(gram, rhs, self._system_scale(batch, groups), penalty, stats)
+
+    def normal_equations(self, batch: GroupedBatch, groups: slice) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Phi' W Phi (g, D, D) and Phi' W y (g, D) of a slice of groups, accumulated over row chunks
+        (not normalised by n)."""
         g, dim = groups.stop - groups.start, self.design.width
         dtype, device = batch.x.dtype, self.devices.device
         gram = torch.zeros(g, dim, dim, dtype=dtype, device=device)
@@ -148,7 +154,11 @@ class Dispatcher:
                 add_gram_(gram, chunk.dense)
             rhs += chunk.rmatvec(y)
             del chunk, y
-        n = self._system_scale(batch, groups)
+        return gram, rhs
+
+    def solve_normal_equations(self, gram: torch.Tensor, rhs: torch.Tensor, n: torch.Tensor, penalty: BlockPenalty,
+                               stats: FitStats) -> torch.Tensor:
+        """beta = (gram / n + P + jitter I)^-1 rhs / n for (g, D, D), (g, D), n (g,): in place on gram and rhs."""
         gram.div_(n.view(-1, 1, 1))
         penalty.add_to(gram)
         gram.diagonal(dim1=-2, dim2=-1).add_(self.solver.jitter)
@@ -164,11 +174,7 @@ class Dispatcher:
         parts = [self._chunk(batch, groups, slice(r0, r1)) for r0, r1 in _spans(batch.x.shape[1], self.plan.fit.rows)]
         weighted_y = torch.cat([y for _, y in parts], dim=1)
         coef, direct = dual_coefficients([chunk for chunk, _ in parts], penalty, weighted_y,
-                                         self._system_scale(batch, groups), self.solver.jitter,
-                                         self.solver.jitter_growth, self.solver.jitter_max_tries,
-                                         self.solver.dual_dense_counts_max,
-                                         getattr(torch, self.solver.dual_counts_dtype.value),
-                                         self.solver.dual_tile_rows)
+                                         self._system_scale(batch, groups), self.solver)
         stats.jitter_escalations = max(stats.jitter_escalations, direct.jitter_escalations)
         stats.lu_fallback_groups += direct.lu_fallback_groups
         return coef

@@ -26,12 +26,13 @@ Groups are solved one at a time (a group's K is N^2 numbers): the plan's fit chu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
+from tamrun.config.schema import SolverConfig
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock, jittered_factor
-from tamrun.effects.indexed import IndexedBlock, csr_matrix
+from tamrun.memory.footprint import COUNT_PAIRS_PER_STEP
 from tamrun.solve.direct import DirectStats, cholesky_solve
 
 BF16_EXACT_COUNTS = 256  # bfloat16 holds every integer up to 2^8 exactly
@@ -76,50 +77,83 @@ def kernel_features(chunks: List[DesignChunk], penalty: BlockPenalty, jitter: fl
     return KernelFeatures(dense, indexed)
 
 
+def shared_leaf_counts(leaves: torch.Tensor, keep: torch.Tensor,
+                       pairs_per_step: int = COUNT_PAIRS_PER_STEP) -> torch.Tensor:
+    """The lower triangle (diagonal included) of C (N, N) float32 counted over the entries of leaves
+    (N, T) where ``keep`` (N, T) is true, by scattering the pairs of data rows that share a leaf; the
+    entries above the diagonal are 0. The kept entries are sorted by leaf (stably, so a leaf's rows
+    ascend); the entry of rank k in its leaf pairs with the k + 1 entries up to itself, whose rows are
+    <= its own. Work and scatters: the sum over leaves of s (s + 1) / 2 for a leaf of s rows, at most
+    ``pairs_per_step`` pairs at a time; exact (integer counts)."""
+    n_rows, slots = leaves.shape
+    device = leaves.device
+    counts = torch.zeros(n_rows * n_rows, dtype=torch.float32, device=device)
+    entries = keep.reshape(-1).nonzero().squeeze(-1)
+    if entries.numel() == 0:
+        return counts.view(n_rows, n_rows)
+    flat = leaves.reshape(-1)[entries]
+    order = torch.argsort(flat, stable=True)
+    members = torch.div(entries[order], slots, rounding_mode="floor")  # data row of each entry, sorted by leaf
+    _, sizes = torch.unique_consecutive(flat[order], return_counts=True)
+    first = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)  # per entry: its leaf's first entry
+    partners = torch.arange(flat.numel(), device=device) - first + 1  # per entry: rank in its leaf + 1
+    step = max(1, pairs_per_step // int(sizes.max()))
+    ones = torch.ones(step * int(sizes.max()), dtype=torch.float32, device=device)
+    for e0 in range(0, flat.numel(), step):
+        part = partners[e0:e0 + step]
+        offsets = torch.cumsum(part, 0) - part
+        within = torch.arange(int(part.sum()), device=device) - torch.repeat_interleave(offsets, part)
+        left = torch.repeat_interleave(members[e0:e0 + step], part)
+        right = members[torch.repeat_interleave(first[e0:e0 + step], part) + within]
+        counts.index_add_(0, left * n_rows + right, ones[:left.numel()])
+    return counts.view(n_rows, n_rows)
+
+
 class LeafCounts:
     """C (N, N), C_ij = the number of slots t with leaves[i, t] = leaves[j, t], one tile of rows at a
     time: C = O O' with O the (N, R) 0/1 indicator of leaves (N, T) in [0, R).
 
-    R <= dense_max: O dense in ``dtype`` (N R itemsize bytes); a tile is the product O_r O_c'
-    (2 b m R flops for a b x m tile). Else O and O' as CSR (12 bytes per non-zero, built once); a
-    tile is the sparse product O_r O' (work: the tile rows' shared-leaf pairs), scattered into a dense
-    float32 tile.
+    A leaf column of O costs about N^2 flops in a dense product whatever its size, a leaf of s rows
+    s (s + 1) / 2 scattered pairs. So: R <= dense_max, every leaf in the dense product; else the
+    leaves of more than ``scatter_max_rows`` rows in the dense product (O restricted to their
+    columns, N x R_big in ``dtype``) and the pairs of the others scattered (`shared_leaf_counts`,
+    N^2 float32); a tile is the product's tile plus the scattered counts' slice. Entries above the
+    diagonal (column > row) are unspecified: K needs only its lower triangle.
     """
 
-    def __init__(self, leaves: torch.Tensor, grid_rows: int, dense_max: int, dtype: torch.dtype) -> None:
-        self.n_rows, self.slots = leaves.shape
-        self.dense = grid_rows <= dense_max
-        if self.dense:
-            self.indicator = torch.zeros(self.n_rows, grid_rows, dtype=dtype, device=leaves.device)
-            self.indicator.scatter_(1, leaves, 1.0)
+    def __init__(self, leaves: torch.Tensor, grid_rows: int, dense_max: int, dtype: torch.dtype,
+                 scatter_max_rows: int) -> None:
+        n_rows, device = leaves.shape[0], leaves.device
+        self.counts: Optional[torch.Tensor] = None
+        if grid_rows <= dense_max:
+            dense_leaves = torch.ones(grid_rows, dtype=torch.bool, device=device)
         else:
-            block = IndexedBlock(leaves.unsqueeze(0), grid_rows, 1.0)  # O and O' as CSR, built once
-            _, self.transposed = block.indicators(torch.float32)
-            self.flat = block.flat.reshape(-1)
-            self.grid_rows = grid_rows
+            dense_leaves = torch.bincount(leaves.reshape(-1), minlength=grid_rows) > scatter_max_rows
+            self.counts = shared_leaf_counts(leaves, ~dense_leaves[leaves])
+        width = int(dense_leaves.sum())
+        column = torch.full((grid_rows,), width, dtype=torch.long, device=device)  # scattered leaves: a spare column
+        column[dense_leaves] = torch.arange(width, device=device)
+        self.indicator = torch.zeros(n_rows, width + 1, dtype=dtype, device=device)
+        self.indicator.scatter_(1, column[leaves], 1.0)
+        self.indicator = self.indicator[:, :width] if width else None
 
     def tile(self, start: int, stop: int, upto: int) -> torch.Tensor:
-        """C[start:stop, :upto] (stop - start, upto)."""
-        if self.dense:
-            return self.indicator[start:stop] @ self.indicator[:upto].mT
-        rows, slots, device = stop - start, self.slots, self.flat.device
-        crow = torch.arange(0, rows * slots + 1, slots, dtype=self.flat.dtype, device=device)
-        ones = torch.ones(rows * slots, dtype=torch.float32, device=device)
-        block = csr_matrix(crow, self.flat[start * slots:stop * slots], ones, (rows, self.grid_rows))
-        product = block @ self.transposed  # (rows, N) CSR
-        at = torch.repeat_interleave(torch.arange(rows, device=device), product.crow_indices().diff())
-        out = torch.zeros(rows, self.n_rows, dtype=torch.float32, device=device)
-        out.view(-1)[at * self.n_rows + product.col_indices()] = product.values()
-        return out[:, :upto]
+        """C[start:stop, :upto] (stop - start, upto); entries with column > row unspecified."""
+        if self.indicator is None:
+            return self.counts[start:stop, :upto]
+        product = self.indicator[start:stop] @ self.indicator[:upto].mT
+        return product if self.counts is None else self.counts[start:stop, :upto] + product
 
 
-def group_kernel(features: KernelFeatures, group: int, dense_max: int, counts: torch.dtype,
-                 tile_rows: int) -> torch.Tensor:
+def group_kernel(features: KernelFeatures, group: int, solver: SolverConfig) -> torch.Tensor:
     """K = Phi_w P~^-1 Phi_w' (N, N) of one group of the chunk: its lower triangle (diagonal
-    included); the entries above the diagonal are left unset."""
+    included); the entries above the diagonal are left unset. Settings: solver.dual_dense_counts_max,
+    dual_scatter_max_leaf_rows, dual_counts_dtype (`LeafCounts`, `count_dtype`), dual_tile_rows."""
     dense = features.dense[group]
-    n_rows = dense.shape[0]
-    blocks = [(LeafCounts(leaves[group], grid_rows, dense_max, count_dtype(leaves.shape[-1], counts)), values[group])
+    n_rows, tile_rows = dense.shape[0], solver.dual_tile_rows
+    requested = getattr(torch, solver.dual_counts_dtype.value)
+    blocks = [(LeafCounts(leaves[group], grid_rows, solver.dual_dense_counts_max,
+                          count_dtype(leaves.shape[-1], requested), solver.dual_scatter_max_leaf_rows), values[group])
               for leaves, values, grid_rows in features.indexed]
     kernel = torch.empty(n_rows, n_rows, dtype=dense.dtype, device=dense.device)
     for start in range(0, n_rows, tile_rows):
@@ -132,20 +166,19 @@ def group_kernel(features: KernelFeatures, group: int, dense_max: int, counts: t
 
 
 def dual_coefficients(chunks: List[DesignChunk], penalty: BlockPenalty, weighted_y: torch.Tensor,
-                      n: torch.Tensor, jitter: float, growth: float, max_tries: int,
-                      dense_max: int, counts: torch.dtype = torch.bfloat16,
-                      tile_rows: int = 1024) -> Tuple[torch.Tensor, DirectStats]:
+                      n: torch.Tensor, solver: SolverConfig) -> Tuple[torch.Tensor, DirectStats]:
     """beta (g, D) of the groups of ``chunks`` (row chunks in order, weights applied), weighted_y
-    (g, N), n (g,) the real row counts; dense_max, counts: see `LeafCounts` and `count_dtype`;
-    tile_rows: rows of K built at a time (`group_kernel`)."""
+    (g, N), n (g,) the real row counts; solver: the jitter and its retries, and the kernel's
+    settings (`group_kernel`)."""
+    jitter = solver.jitter
     features = kernel_features(chunks, penalty, jitter)
     alpha = torch.empty_like(weighted_y)
     stats = DirectStats()
     for group in range(weighted_y.shape[0]):
-        kernel = group_kernel(features, group, dense_max, counts, tile_rows)
+        kernel = group_kernel(features, group, solver)
         kernel.diagonal().add_(n[group])
-        solved, group_stats = cholesky_solve(kernel.unsqueeze(0), weighted_y[group:group + 1], 0.0, growth, max_tries,
-                                             lower_only=True)
+        solved, group_stats = cholesky_solve(kernel.unsqueeze(0), weighted_y[group:group + 1], 0.0,
+                                             solver.jitter_growth, solver.jitter_max_tries, lower_only=True)
         del kernel
         alpha[group] = solved[0]
         stats.jitter_escalations = max(stats.jitter_escalations, group_stats.jitter_escalations)

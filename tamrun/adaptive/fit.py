@@ -1,0 +1,158 @@
+"""Fit every window of a schedule in batches of windows x groups, and forecast each refit's horizon.
+
+Direct route (primal), per group, with phi_i the row i of Phi (D,):
+    G_k = sum_{i in window k} phi_i phi_i',   b_k = sum_{i in window k} phi_i y_i
+    G_k = (G_{k-1} + sum_{i added} phi_i phi_i') - sum_{i removed} phi_i phi_i'      (b_k likewise)
+    beta_k = (G_k / n_k + P + jitter I)^-1 b_k / n_k
+The added and removed rows of all (window, group) systems of a batch are two batches of systems whose
+Grams come from `Dispatcher.normal_equations` at once; the running sum then goes through the
+windows in order, in place in the added rows' Grams, so window k's Gram is the same whatever the
+batch sizes (a memory cap changes nothing). The first window, and every window k with k % adaptive.refresh == 0, gets its Gram
+from its rows (bounding the rounding drift of the running sums). All systems of a batch are solved
+by one batched Cholesky (`Dispatcher.solve_normal_equations`).
+
+CG route and the direct route's dual form: the windows' rows are gathered as one batch of systems
+and fitted by the dispatcher; CG starts every window of a batch from the previous batch's last
+window (one window per batch: warm starts between consecutive windows).
+
+Every batch runs under the dispatcher's guard: charged to the tracker, retried with fewer windows on OOM.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from tamrun.adaptive.budget import WindowPlan
+from tamrun.adaptive.windows import WindowSchedule, gather_systems, system_design, systems_of
+from tamrun.config.schema import Config
+from tamrun.data.batch import GroupedBatch
+from tamrun.device import DeviceManager
+from tamrun.effects.design import AdditiveDesign
+from tamrun.memory.guard import OomLog, oom_settings
+from tamrun.memory.tracker import MemoryTracker
+from tamrun.solve.dispatcher import Dispatcher, FitStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WindowFit:
+    """``forecast`` (K, G, H): refit k's forecast of rows [hi[k, g], end[k, g]) of group g (0 beyond);
+    ``coef`` (K, G, D) when kept; ``batch_seconds`` the wall time of each batch."""
+
+    forecast: torch.Tensor
+    coef: Optional[torch.Tensor]
+    stats: FitStats
+    windows_per_batch: int
+    batch_seconds: List[float] = field(default_factory=list)
+
+
+class WindowFitter:
+    """Fits the schedule's windows on the rows of ``history`` (G, N, F), date-sorted per group."""
+
+    def __init__(self, config: Config, design: AdditiveDesign, devices: DeviceManager, history: GroupedBatch,
+                 schedule: WindowSchedule, window_plan: WindowPlan, oom_log: OomLog, tracker: MemoryTracker,
+                 snapshot=lambda label: None) -> None:
+        self.config, self.design, self.devices = config, design, devices
+        self.history, self.schedule, self.wplan = history, schedule, window_plan
+        self.oom_log, self.tracker, self.snapshot = oom_log, tracker, snapshot
+        self.penalty = design.penalty_operator().to(devices.device, history.x.dtype)
+        self.stats = FitStats(window_plan.plan.route, window_plan.groups, window_plan.plan.fit.rows)
+
+    def _dispatcher(self, group: np.ndarray, plan=None, initial: Optional[torch.Tensor] = None,
+                    snapshot=lambda label: None) -> Dispatcher:
+        """A dispatcher over systems whose groups are ``group`` (S,)."""
+        return Dispatcher(system_design(self.design, group), self.devices, plan or self.wplan.plan, self.config.solver,
+                          oom_settings(self.config.memory.oom), self.oom_log, self.tracker, snapshot, initial)
+
+    def fit(self) -> WindowFit:
+        s, dtype = self.schedule, self.history.x.dtype
+        width = self.design.width
+        forecast = torch.zeros(s.n_windows, s.n_groups, max(1, s.horizon_rows), dtype=dtype)
+        coef = (torch.zeros(s.n_windows, s.n_groups, width, dtype=dtype)
+                if self.config.adaptive.keep_coefficients else None)
+        result = WindowFit(forecast, coef, self.stats, self.wplan.windows)
+        fit_batch = self._updating_batch if self.wplan.updating else self._systems_batch
+        outer = self._dispatcher(np.arange(s.n_groups), snapshot=self.snapshot)  # its guard runs the batches
+        for g0 in range(0, s.n_groups, self.wplan.groups):
+            groups = range(g0, min(g0 + self.wplan.groups, s.n_groups))
+            carry: dict = {}
+
+            def step(start: int, take: int) -> None:
+                began = time.perf_counter()
+                windows = range(start, start + take)
+                k, g = systems_of(windows, groups)
+                beta, state = fit_batch(windows, groups, k, g, carry)  # (take * len(groups), D) on the device
+                pred = self._forecast(k, g, beta)
+                forecast[k, g, :pred.shape[1]] = pred
+                if coef is not None:
+                    coef[k, g] = beta.cpu()
+                carry.update(state)  # only once the batch has succeeded (an OOM retries it from the same start)
+                result.batch_seconds.append(time.perf_counter() - began)
+
+            cost = replace(self.wplan.cost, groups=len(groups))
+            result.windows_per_batch = outer._guarded(step, s.n_windows, self.wplan.windows, 0,
+                                                      f"adaptive/{self.wplan.plan.route}", cost, unit="windows")
+        return result
+
+    # ---- direct route: up/down-dated Grams -------------------------------------------------------
+    def _fresh(self, k: int) -> bool:
+        refresh = self.config.adaptive.refresh
+        return k == 0 or (refresh > 0 and k % refresh == 0)
+
+    def _normal_equations(self, group: np.ndarray, start: np.ndarray, stop: np.ndarray):
+        """Unnormalised (S, D, D) Grams and (S, D) Phi'y of rows [start, stop) of each system's group."""
+        batch = gather_systems(self.history, group, start, stop)
+        return self._dispatcher(group).normal_equations(batch, slice(0, len(group)))
+
+    def _updating_batch(self, windows: range, groups: range, k: np.ndarray, g: np.ndarray, carry: dict):
+        """Each system's Gram and Phi'y: the rows it gains and loses since the previous window (none
+        for a window whose Gram comes from its rows), summed in place window by window."""
+        s, n_groups = self.schedule, len(groups)
+        fresh = np.array([self._fresh(int(i)) for i in k])
+        before = np.maximum(k - 1, 0)
+        grams, rhs = self._normal_equations(g, np.where(fresh, 0, s.hi[before, g]), np.where(fresh, 0, s.hi[k, g]))
+        removed, removed_rhs = self._normal_equations(g, np.where(fresh, 0, s.lo[before, g]),
+                                                      np.where(fresh, 0, s.lo[k, g]))
+        gram, vector = carry.get("gram"), carry.get("rhs")  # the previous window's (committed on success)
+        for i, window in enumerate(windows):
+            rows = slice(i * n_groups, (i + 1) * n_groups)
+            if self._fresh(window):
+                grams[rows], rhs[rows] = self._normal_equations(g[rows], s.lo[window, g[rows]], s.hi[window, g[rows]])
+            else:  # (G_{k-1} + added) - removed
+                grams[rows].add_(gram).sub_(removed[rows])
+                rhs[rows].add_(vector).sub_(removed_rhs[rows])
+            gram, vector = grams[rows], rhs[rows]
+        del removed, removed_rhs
+        last = {"gram": gram.clone(), "rhs": vector.clone()}  # the next batch's start
+        count = torch.as_tensor(s.hi[k, g] - s.lo[k, g], dtype=grams.dtype, device=grams.device).clamp_min(1.0)
+        beta = self._dispatcher(g).solve_normal_equations(grams, rhs, count, self.penalty, self.stats)
+        return beta, last
+
+    # ---- cg route and the dual form: systems through the dispatcher -------------------------------
+    def _systems_batch(self, windows: range, groups: range, k: np.ndarray, g: np.ndarray, carry: dict):
+        s, plan = self.schedule, self.wplan.plan
+        batch = gather_systems(self.history, g, s.lo[k, g], s.hi[k, g])
+        initial = carry["coef"].repeat(len(windows), 1) if "coef" in carry and plan.route == "cg" else None
+        inner = replace(plan, fit=replace(plan.fit, groups=1 if plan.dual else max(plan.fit.groups, len(g))))
+        beta, stats = self._dispatcher(g, inner, initial).fit(batch)
+        self.stats.cg_iterations = max(self.stats.cg_iterations, stats.cg_iterations)
+        self.stats.cg_unconverged_groups += stats.cg_unconverged_groups
+        self.stats.cg_final_residual = max(self.stats.cg_final_residual, stats.cg_final_residual)
+        self.stats.jitter_escalations = max(self.stats.jitter_escalations, stats.jitter_escalations)
+        self.stats.lu_fallback_groups += stats.lu_fallback_groups
+        return beta.to(self.devices.device), {"coef": beta[-len(groups):].clone()}
+
+    # ---- forecast ---------------------------------------------------------------------------------
+    def _forecast(self, k: np.ndarray, g: np.ndarray, beta: torch.Tensor) -> torch.Tensor:
+        """(S, H) forecasts of each system's horizon rows by its coefficients (0 on padding), on the host."""
+        s = self.schedule
+        batch = gather_systems(self.history, g, s.hi[k, g], s.end[k, g])
+        chunk = system_design(self.design, g).chunk(batch.x.to(self.devices.device), slice(0, len(g)))
+        return chunk.matvec(beta.to(batch.x.dtype)).cpu().mul_(batch.weight)
