@@ -10,6 +10,7 @@ code and the absence of a traceback as a user sees them.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -196,8 +197,20 @@ def _device_present(kind: Optional[str]) -> bool:
     return kind is not None and _available(kind)
 
 
-def _prepare(case: Case, tmp_path: Path) -> List[str]:
-    """Write the case's CSV (or other files) and return its full argv."""
+@pytest.fixture(scope="module")
+def migrated_store(tmp_path_factory) -> Path:
+    """An empty sqlite store with MLflow's tables and migrations done once (a fresh store costs seconds
+    of migrations; each case gets its own copy)."""
+    from tamrun.tracking.store import open_client
+
+    db = tmp_path_factory.mktemp("template") / "mlflow.db"
+    open_client(f"sqlite:///{db}", 60, 60)
+    return db
+
+
+def _prepare(case: Case, tmp_path: Path, store_template: Optional[Path] = None) -> List[str]:
+    """Write the case's CSV (or other files) and return its full argv; the store is a copy of
+    ``store_template`` when given, else created by the run."""
     path = tmp_path / "data.csv"
     if case.raw is not None:
         path.write_bytes(case.raw)
@@ -210,6 +223,8 @@ def _prepare(case: Case, tmp_path: Path) -> List[str]:
     if case.csv:
         argv = csv_overrides(path) + argv
     if not any(a.startswith("tracking.uri=") for a in argv):
+        if store_template is not None:
+            shutil.copyfile(store_template, tmp_path / "mlflow.db")
         argv.append(f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}")
     return argv
 
@@ -230,10 +245,10 @@ def _check_store(case: Case, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_in_process(case, tmp_path, monkeypatch, capsys):
+def test_bad_input_in_process(case, tmp_path, monkeypatch, capsys, migrated_store):
     if _device_present(case.needs):
         pytest.skip(f"this machine has {case.needs}: hw={case.needs} is valid here")
-    argv = _prepare(case, tmp_path)
+    argv = _prepare(case, tmp_path, migrated_store)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as ended:
         main(argv)
@@ -254,8 +269,8 @@ SUBPROCESS_CASES = [c for c in CASES if c.subprocess]
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=[c.id for c in SUBPROCESS_CASES])
-def test_bad_input_through_a_real_subprocess(case, tmp_path):
-    argv = _prepare(case, tmp_path)
+def test_bad_input_through_a_real_subprocess(case, tmp_path, migrated_store):
+    argv = _prepare(case, tmp_path, migrated_store)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_"))}
     done = subprocess.run([sys.executable, "-m", "tamrun", *argv], cwd=tmp_path, capture_output=True, text=True,
                           env=env, timeout=300)
@@ -290,10 +305,10 @@ def _shuffled(f: pd.DataFrame) -> pd.DataFrame:
     return f.sample(frac=1.0, random_state=0)
 
 
-def _run_csv(tmp_path: Path, monkeypatch, edit, *argv: str):
-    """The CLI on the synthetic CSV edited by ``edit``: (exit code, the run, its logs/run.log)."""
+def _run_csv(tmp_path: Path, monkeypatch, edit, *argv: str, store: Optional[Path] = None):
+    """The CLI on the synthetic CSV edited by ``edit``: (the run, its logs/run.log, its coefficients)."""
     case = Case("handled", list(argv), [], True, frame=edit, csv=True)
-    args = _prepare(case, tmp_path)
+    args = _prepare(case, tmp_path, store)
     monkeypatch.chdir(tmp_path)
     main(args)
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -303,23 +318,24 @@ def _run_csv(tmp_path: Path, monkeypatch, edit, *argv: str):
     return logged, text, coef
 
 
-def test_unsorted_timestamps_are_sorted_and_fit_as_sorted(tmp_path, monkeypatch):
+def test_unsorted_timestamps_are_sorted_and_fit_as_sorted(tmp_path, monkeypatch, migrated_store):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    _, _, shuffled = _run_csv(tmp_path / "a", monkeypatch, _shuffled, "tracking.log_plots=false")
-    logged, _, ordered = _run_csv(tmp_path / "b", monkeypatch, None, "tracking.log_plots=false")
+    _, _, shuffled = _run_csv(tmp_path / "a", monkeypatch, _shuffled, "tracking.log_plots=false", store=migrated_store)
+    logged, _, ordered = _run_csv(tmp_path / "b", monkeypatch, None, "tracking.log_plots=false", store=migrated_store)
     assert logged.info.status == "FINISHED"
     pd.testing.assert_frame_equal(shuffled, ordered, check_exact=False, rtol=1e-9)
 
 
-def test_nan_policy_drop_drops_and_says_how_many(tmp_path, monkeypatch):
-    logged, text, _ = _run_csv(tmp_path, monkeypatch, _nan_target, "data.nan_policy=drop", "tracking.log_plots=false")
+def test_nan_policy_drop_drops_and_says_how_many(tmp_path, monkeypatch, migrated_store):
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _nan_target, "data.nan_policy=drop", "tracking.log_plots=false",
+                               store=migrated_store)
     assert logged.info.status == "FINISHED"
     assert "dropping 3 row(s) with NaN/inf in ['y'" in text
     assert logged.data.metrics["n_train_rows"] == 366 * 24 - 3  # 2020 is a leap year; rows 10, 20, 30 dropped
 
 
-def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch):
-    logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false")
+def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch, migrated_store):
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false", store=migrated_store)
     assert logged.info.status == "FINISHED"
     assert "group 2 has 5 training row(s) for" in text and "the config says warn" in text

@@ -150,7 +150,7 @@ class HardwareConfig:
     threads: Optional[int] = None
     # CUDA only: torch.use_deterministic_algorithms (index_add_ by a sorted, deterministic kernel instead
     # of float atomics; cuBLAS with a fixed workspace) for bitwise-repeatable GPU runs, at some speed.
-    # CPU runs are bitwise repeatable either way.
+    # CPU runs repeat bitwise either way (for the same thread count).
     deterministic: bool = False
 
 
