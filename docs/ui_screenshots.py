@@ -4,7 +4,7 @@ Starts `mlflow server` on 127.0.0.1 with a fresh sqlite store in a temporary fol
 two-job sweep into it over HTTP (python -m tamrun -m tracking.uri=http://127.0.0.1:PORT ...), and
 saves the experiment's run list and the comparison of the two runs as PNGs:
 
-    python scripts/ui_screenshots.py --out docs/img [--port 5077] [--chromium chromium]
+    python docs/ui_screenshots.py --out docs/img [--port 5077] [--chromium chromium]
 
 Needs Chromium (Debian: apt-get install chromium) and playwright (pip install 'tamrun[docs]'; it drives
 the system's Chromium, no browser download). Everything it starts is stopped before it exits.
