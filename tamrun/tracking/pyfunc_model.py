@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
@@ -73,8 +74,11 @@ def log_pyfunc_model(log_dir: Callable[[str, str], None], fitted: FittedModel, e
 
     model = TamPyfuncModel(fitted)
     sample = example[model.input_columns].head(5).reset_index(drop=True)
-    signature = infer_signature(sample, model.predict(None, sample))
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        # MLflow hints that integer columns (groups, levels) cannot hold missing values; the model
+        # refuses missing values anyway (tamrun.errors.DataError), so the hint only adds noise.
+        warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer", category=UserWarning)
+        signature = infer_signature(sample, model.predict(None, sample))
         path = Path(tmp) / "pyfunc"
         mlflow.pyfunc.save_model(str(path), python_model=model, signature=signature, input_example=sample,
                                  pip_requirements=[f"tamrun=={tamrun.__version__}", f"torch=={torch.__version__.split('+')[0]}",
