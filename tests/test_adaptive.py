@@ -182,6 +182,7 @@ def test_every_effect_type_on_every_route_equals_the_loop(compose_cfg, csv_path,
     ("adaptive.step=0", "adaptive.step"),
     ("adaptive.horizon=3", "adaptive.horizon"),  # shorter than the 7-day step
     ("adaptive.refresh=-1", "adaptive.refresh"),
+    ("split.validation_start=2020-11-01", "split.validation_start"),  # would leave a gap in the windows
 ])
 def test_bad_adaptive_settings_are_refused_with_the_field_and_a_fix(compose_cfg, csv_path, override, field):
     cfg = compose_cfg(*csv_overrides(csv_path), "mode=adaptive", "tracking=none", "adaptive.step=7", override)

@@ -64,7 +64,7 @@ def run_adaptive(config: Config, specs: Dict[str, Any], devices: DeviceManager, 
     if config.memory.meter:
         TensorMeter.warm_up()
     recorder = PhaseRecorder(devices)
-    train_frame, test_frame, features, test, plan, _ = _prepare(config, specs, devices, recorder)  # no validation period here
+    train_frame, test_frame, features, test, plan, _ = _prepare(config, specs, devices, recorder)  # no validation: refused in config checks
     limit, oom_log = parse_size(config.memory.limit), OomLog()
     data, ada = config.data, config.adaptive
     with recorder.phase("static"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tamrun.config.schema import Config, DataSource
+from tamrun.config.schema import Config, DataSource, ModeName
 from tamrun.errors import ConfigError
 from tamrun.memory.units import parse_size
 
@@ -93,6 +93,9 @@ def check_config(cfg: Config) -> None:
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
 
     ada = cfg.adaptive
+    _require(cfg.mode.name != ModeName.adaptive or cfg.split.validation_start is None, "split.validation_start",
+             cfg.split.validation_start, "mode=adaptive refits on every training and test row; a validation period "
+             "would leave a gap in its windows", "set split.validation_start=null, or use mode=run to tune on it")
     _require(ada.window >= 1, "adaptive.window", ada.window, "a window must hold at least one day",
              "set adaptive.window=365")
     _require(ada.step >= 1, "adaptive.step", ada.step, "the step between refits must be >= 1 day",
