@@ -21,7 +21,7 @@ from tamrun.errors import DeviceError
 log = logging.getLogger(__name__)
 
 
-def _available(kind: str) -> bool:
+def device_available(kind: str) -> bool:
     if kind == "cpu":
         return True
     if kind == "cuda":
@@ -67,10 +67,13 @@ def use_deterministic() -> None:
 
 @dataclass
 class MemoryView:
-    """Free and total memory of the device, in bytes, as the memory oracle sees it."""
+    """The device's memory in bytes: ``free`` (what new tensors can still take), ``total``, and
+    ``held``: what this process already holds that memory.limit counts (allocated tensors on a GPU;
+    0 on the CPU, where the limit bounds the working memory, not the data)."""
 
     free: int
     total: int
+    held: int = 0
 
 
 class DeviceManager:
@@ -89,8 +92,8 @@ class DeviceManager:
                  dtype: torch.dtype = torch.float64, threads: Optional[int] = None,
                  deterministic: bool = False) -> None:
         if requested == "auto":
-            kind = next((k for k in preference if _available(k)), "cpu")
-        elif _available(requested):
+            kind = next((k for k in preference if device_available(k)), "cpu")
+        elif device_available(requested):
             kind = requested
         else:
             raise DeviceError("hw", requested, f"no {requested} device is available on this machine",
@@ -98,7 +101,6 @@ class DeviceManager:
         self.kind = kind
         self.device = torch.device(kind)
         require_dtype(kind, dtype)
-        self.limit: Optional[int] = None
         if threads is not None and kind == "cpu":
             torch.set_num_threads(threads)
         if deterministic and kind == "cuda":
@@ -122,22 +124,18 @@ class DeviceManager:
         return self.kind
 
     def memory(self) -> MemoryView:
-        """Free/total bytes as the oracle must see them.
+        """Free/total bytes of the device, as the oracle caps them with memory.limit.
 
-        CUDA: free = min(limit - allocated, device free + reserved - allocated): mem_get_info sees
-        neither the per-process fraction nor PyTorch's cached-but-free blocks. CPU: psutil's available
-        RAM, capped by the limit (which bounds the run's working memory, not the data it holds).
+        CUDA: free = device free + reserved - allocated (mem_get_info does not see PyTorch's
+        cached-but-free blocks), held = allocated. CPU: psutil's available RAM, held = 0.
         """
         if self.kind == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             allocated = torch.cuda.memory_allocated(self.device)
             free = int(free + torch.cuda.memory_reserved(self.device) - allocated)
-            if self.limit is not None:
-                free = min(free, self.limit - allocated)
-            return MemoryView(free=max(0, free), total=int(total))
+            return MemoryView(free=max(0, free), total=int(total), held=int(allocated))
         vm = psutil.virtual_memory()
-        free = int(vm.available) if self.limit is None else min(int(vm.available), self.limit)
-        return MemoryView(free=free, total=int(vm.total))
+        return MemoryView(free=int(vm.available), total=int(vm.total))
 
     def allocated(self) -> int:
         """Bytes held now: tensors on CUDA, the process's resident set on the CPU."""
@@ -184,11 +182,10 @@ class DeviceManager:
         if self.kind == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def set_limit(self, limit_bytes: Optional[int]) -> None:
-        """Cap the memory the oracle sees; on CUDA also enforce it with set_per_process_memory_fraction."""
-        self.limit = limit_bytes
+    def enforce_limit(self, limit_bytes: Optional[int]) -> None:
+        """On CUDA, make the allocator itself refuse more than memory.limit (set_per_process_memory_fraction);
+        elsewhere nothing: the oracle's plan and the tracker keep the run under it."""
         if limit_bytes is None or self.kind != "cuda":
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), self.device)
-

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +55,17 @@ class Progress:
 
 
 class ChunkProgress:
-    """A snapshot callback (the dispatcher calls it after each chunk with ``"<phase> groups a..b"``)
-    that also advances one `Progress` per phase over ``n_groups`` groups, then calls ``inner``."""
+    """The chunk loop's progress callback ``(phase, done, total)`` (`tamrun.memory.guard.ProgressCallback`):
+    one `Progress` of ``unit`` per phase, closed when the phase is done."""
 
-    LABEL = re.compile(r"^(?P<phase>.+) groups \d+\.\.(?P<last>\d+)$")
-
-    def __init__(self, n_groups: int, mode: str, inner: Callable[[str], None] = lambda label: None) -> None:
-        self.n_groups, self.mode, self.inner = n_groups, mode, inner
+    def __init__(self, mode: str, unit: str = "groups") -> None:
+        self.mode, self.unit = mode, unit
         self.bars: Dict[str, Progress] = {}
 
-    def __call__(self, label: str) -> None:
-        self.inner(label)
-        match = self.LABEL.match(label)
-        if match is None:
-            return
-        phase, done = match["phase"], int(match["last"]) + 1
-        bar = self.bars.get(phase) or self.bars.setdefault(phase, Progress(phase, self.n_groups, "groups", self.mode))
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        bar = self.bars.get(phase) or self.bars.setdefault(phase, Progress(phase, total, self.unit, self.mode))
         bar.update(done)
-        if done >= self.n_groups:
+        if done >= total:
             bar.close()
             self.bars.pop(phase)
 

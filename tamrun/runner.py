@@ -1,57 +1,38 @@
-"""run(cfg): build every part from the config and call them in order.
+"""run(cfg): build the parts from the config and hand them to the job the config names.
 
-    config -> device manager -> data (load, derive, check, split, batch) -> effects + design
-           -> memory oracle (route, chunks) -> dispatcher (fit under the OOM guard) -> predict
-           -> evaluation -> MLflow (params, metrics, artifacts, tags)
+    config -> device manager -> MLflow run -> prepare (data, features, plan: `tamrun.jobs.prepare`)
+           -> job: run (`tamrun.jobs.fit`), plan (`tamrun.jobs.plan`) or adaptive (`tamrun.adaptive.job`)
 """
 
 from __future__ import annotations
 
 import logging
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 import tamrun
+from tamrun.adaptive.job import adaptive_job
 from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName
-from tamrun.data.split import carve_validation
 from tamrun.device import DeviceManager
-from tamrun.effects.design import describe
-from tamrun.evaluate import group_metrics, predictions_table, split_metrics
-from tamrun.memory.guard import OomLog
-from tamrun.memory.meter import TensorMeter
-from tamrun.memory.oracle import Plan
-from tamrun.memory.profiler import PhaseRecorder
-from tamrun.memory.report import memory_report, report_text
-from tamrun.memory.tracker import MemoryTracker
-from tamrun.memory.units import parse_size
-from tamrun.progress import ChunkProgress, IterationProgress
-from tamrun.pipeline import DTYPES, build_features, load_splits, plan_memory, prediction_batch, solve
-from tamrun.solve.dispatcher import FitStats
+from tamrun.jobs.fit import fit_job
+from tamrun.jobs.plan import plan_job
+from tamrun.jobs.prepare import Prepared, prepare
+from tamrun.jobs.result import RunResult
+from tamrun.pipeline import DTYPES
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.run_plots import log_run_plots
 
 log = logging.getLogger(__name__)
 
-@dataclass
-class RunResult:
-    """What one run produced. ``coef`` is (G, D) in group order ``groups``."""
-
-    run_id: Optional[str]
-    route: str
-    width: int
-    groups: list
-    coef: torch.Tensor
-    metrics: Dict[str, float]
-    predictions: pd.DataFrame
-    plan: Plan
-    stats: FitStats
+# The jobs that fit and record, by mode (mode=plan runs `plan_job`, without an MLflow run).
+TRACKED_JOBS: Dict[ModeName, Callable[[Prepared, TrackedRun], RunResult]] = {
+    ModeName.run: fit_job,
+    ModeName.adaptive: adaptive_job,
+}
 
 
 def git_commit() -> Optional[str]:
@@ -77,118 +58,30 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     torch.manual_seed(config.seed)
     if config.mode.name == ModeName.plan:
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
-        return _plan_only(config, specs, devices)
-    tags = {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name,
-            **(tags or {})}
-    commit = git_commit()
-    if commit:
-        tags["git_commit"] = commit
-    with TrackedRun(config.tracking, run_name=f"{config.model.name}-{config.data.name}", tags=tags) as tracked:
-        tracked.log_params(resolved_container(cfg))
-        resolved_yaml = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg), resolve=True)
-        tracked.log_text(resolved_yaml, "config/resolved.yaml")
-        tracked.log_text("\n".join(overrides or []) + "\n", "config/overrides.txt")
+        return plan_job(prepare(config, specs, devices, warm_meter=False))
+    with TrackedRun(config.tracking, run_name=f"{config.model.name}-{config.data.name}",
+                    tags=run_tags(config, tags)) as tracked:
+        log_config(tracked, cfg, overrides)
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
-        if config.mode.name == ModeName.adaptive:
-            from tamrun.adaptive.job import run_adaptive
-
-            result = run_adaptive(config, specs, devices, tracked)
-        else:
-            result = _fit_and_evaluate(config, specs, devices, tracked)
+        result = TRACKED_JOBS[config.mode.name](prepare(config, specs, devices), tracked)
         result.run_id = tracked.run_id
     return result
 
 
-def _prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, recorder: PhaseRecorder):
-    """Data and features phases, then the oracle's plan: (train frame, test frame, features, test batch,
-    plan, validation frame or None)."""
-    limit = parse_size(config.memory.limit)
-    devices.set_limit(limit)
-    with recorder.phase("data"):
-        train_frame, test_frame = load_splits(config, specs)
-        train_frame, valid_frame = carve_validation(train_frame, config.split, config.data.date_column)
-    with recorder.phase("features"):
-        features = build_features(config, specs, train_frame)
-        test = prediction_batch(config, features.design, features.train.groups, test_frame, features.train.x.dtype)
-    plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1])
-    return train_frame, test_frame, features, test, plan, valid_frame
+def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+    """The run's tags: tamrun's version, the model and data names, the git commit, and ``extra``."""
+    tags = {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name,
+            **(extra or {})}
+    commit = git_commit()
+    if commit:
+        tags["git_commit"] = commit
+    return tags
 
 
-def _plan_only(config: Config, specs: Dict[str, Any], devices: DeviceManager) -> RunResult:
-    recorder = PhaseRecorder(devices)
-    _, _, features, _, plan, _ = _prepare(config, specs, devices, recorder)
-    log.info("mode=plan: nothing fitted")
-    return RunResult(run_id=None, route=plan.route, width=features.design.width, groups=features.train.groups,
-                     coef=torch.empty(0), metrics={"predicted_peak_bytes": plan.predicted_peak,
-                                                   "minimal_limit_bytes": plan.minimal_limit},
-                     predictions=pd.DataFrame(), plan=plan, stats=FitStats(plan.route, plan.fit.groups, plan.fit.rows))
-
-
-def _fit_and_evaluate(config: Config, specs: Dict[str, Any], devices: DeviceManager,
-                      tracked: TrackedRun) -> RunResult:
-    if config.memory.meter:
-        TensorMeter.warm_up()
-    recorder = PhaseRecorder(devices)
-    train_frame, test_frame, features, test, plan, valid_frame = _prepare(config, specs, devices, recorder)
-    limit = parse_size(config.memory.limit)
-    oom_log = OomLog()
-    tracker = MemoryTracker(plan.budget if limit is not None else None, plan.overhead)
-    metered = config.memory.meter
-    chunks = ChunkProgress(len(features.train.groups), config.progress.value, recorder.snapshot)
-    iterations = IterationProgress(config.solver.max_iter, config.progress.value)
-    with recorder.phase("solve", metered):
-        model = solve(config, features, plan, devices, oom_log, tracker, chunks, iterations)
-    iterations.close()
-    with recorder.phase("predict", metered):
-        predicted_train = model.dispatcher.predict(features.train, model.coef)
-        predicted_test = model.dispatcher.predict(test, model.coef)
-        validation = None if valid_frame is None else model.predict_frame(valid_frame, "validation")
-    with recorder.phase("evaluate"):
-        data = config.data
-        table = pd.concat([
-            predictions_table(train_frame, features.train, predicted_train, data.date_column, data.group, "train"),
-            *([] if validation is None else [validation]),
-            predictions_table(test_frame, test, predicted_test, data.date_column, data.group, "test"),
-        ], ignore_index=True)
-        metrics = split_metrics(table)
-    stats, design, coef = model.stats, model.design, model.coef
-    metrics.update(recorder.metrics())
-    metrics.update({
-        "fit_seconds": recorder.phases["features"].seconds + recorder.phases["solve"].seconds,
-        "predicted_peak_bytes": plan.predicted_peak, "minimal_limit_bytes": plan.minimal_limit,
-        "tracker_peak_bytes": tracker.peak, "oom_retries": oom_log.retries,
-        "chunk_groups": stats.group_chunk, "chunk_rows": plan.fit.rows,
-        "n_train_rows": float(len(train_frame)), "n_test_rows": float(len(test_frame)),
-    })
-    if plan.route == "cg":
-        metrics.update({"cg_iterations": stats.cg_iterations, "cg_final_residual": stats.cg_final_residual,
-                        "cg_unconverged_groups": stats.cg_unconverged_groups})
-    log.info("rmse_train=%.1f rmse_test=%.1f mape_test=%.3f%% fit=%.2fs", metrics["rmse_train"], metrics["rmse_test"],
-             metrics["mape_test"], metrics["fit_seconds"])
-
-    tracked.log_params({"route": plan.route, "route_reason": plan.reason, "D": design.width,
-                        "n_groups": len(model.groups), "chunk_groups": stats.group_chunk, "chunk_rows": plan.fit.rows,
-                        "predict_chunk_groups": plan.predict.groups, "predict_chunk_rows": plan.predict.rows,
-                        "cg_cache_design": plan.cache_design})
-    tracked.log_metrics(metrics)
-    if stats.cg_history:
-        tracked.log_metric_history("cg_residual", stats.cg_history)
-    report = memory_report(plan, recorder, oom_log, limit, tracker.peak)
-    tracked.log_json(report, "memory/report.json")
-    tracked.log_text(report_text(report, plan), "memory/report.txt")
-    tracked.log_text(describe(design) + "\n", "model/design.txt")
-    if config.tracking.log_predictions:
-        tracked.log_frame(table, "predictions/predictions.csv")
-        tracked.log_frame(group_metrics(table), "predictions/group_metrics.csv")
-    tracked.log_frame(pd.DataFrame(coef.numpy(), index=pd.Index(model.groups, name="group"),
-                                   columns=[f"{name}[{i - s.start}]" for name, s in design.block_slices()
-                                            for i in range(s.start, s.stop)]).reset_index(), "model/coefficients.csv")
-    if config.tracking.log_plots:
-        log_run_plots(tracked, model, table, metrics, report, limit)
-    if config.tracking.log_model and tracked.enabled:
-        from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
-
-        log_pyfunc_model(tracked.log_dir, model, test_frame)
-    return RunResult(run_id=None, route=plan.route, width=design.width, groups=model.groups, coef=coef,
-                     metrics=metrics, predictions=table, plan=plan, stats=stats)
+def log_config(tracked: TrackedRun, cfg: Any, overrides: Optional[List[str]]) -> None:
+    """The resolved config as params and as config/resolved.yaml, and the command line's overrides."""
+    tracked.log_params(resolved_container(cfg))
+    resolved_yaml = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg), resolve=True)
+    tracked.log_text(resolved_yaml, "config/resolved.yaml")
+    tracked.log_text("\n".join(overrides or []) + "\n", "config/overrides.txt")

@@ -17,7 +17,9 @@ from tamrun.data.batch import build_batch
 from tamrun.errors import ConfigError
 from tamrun.pipeline import build_features, load_splits
 from tamrun.runner import run
-from tamrun.solve.dispatcher import Dispatcher
+import tamrun.adaptive.fit
+import tamrun.solve.dispatcher
+from tamrun.solve.assembly import solve_normal_equations as real_solve
 
 from conftest import csv_overrides
 
@@ -29,7 +31,8 @@ def reference_loop(cfg) -> tuple:
     beta_k = (Phi'Phi / n + P + jitter I)^-1 Phi'y / n by torch.linalg.solve in float64; the forecast of
     [t_k, t_k + horizon). Returns (coef (K, G, D), forecast rows: list of (k, group, date, prediction))."""
     config, specs = typed_config(cfg)
-    train, test = load_splits(config, specs)
+    splits = load_splits(config, specs)
+    train, test = splits.train, splits.test
     design = build_features(config, specs, train).design
     ada, data = config.adaptive, config.data
     frame = pd.concat([train, test]).sort_values(data.date_column, kind="stable")
@@ -114,16 +117,17 @@ def test_faked_ooms_shrink_the_window_batches_and_mlflow_records_the_run(compose
     4 windows x 48 groups: the guard shrinks the batch 12 -> 8 -> 5 -> 3 windows, the results do not
     change, and MLflow records the stepped metrics, the batches, the budget, the OOM events and the plot."""
     clean = run(compose_cfg(*NATIONAL, "tracking=none"))
-    real, sizes = Dispatcher.solve_normal_equations, []
+    sizes = []
 
-    def solve_normal_equations(self, gram, *args, **kwargs):
+    def solve_normal_equations(gram, *args, **kwargs):
         sizes.append(gram.shape[0])
         if gram.shape[0] > 4 * 48:
             raise torch.OutOfMemoryError("fake OOM raised by the test")
-        return real(self, gram, *args, **kwargs)
+        return real_solve(gram, *args, **kwargs)
 
     monkeypatch.setenv("OOM_DELAY_MS", "0")
-    monkeypatch.setattr(Dispatcher, "solve_normal_equations", solve_normal_equations)
+    for module in (tamrun.solve.dispatcher, tamrun.adaptive.fit):  # the static fit's and the windows' solves
+        monkeypatch.setattr(module, "solve_normal_equations", solve_normal_equations)
     result = run(compose_cfg(*NATIONAL))
     assert [s // 48 for s in sizes[1:5]] == [12, 8, 5, 3]  # sizes[0]: the static fit's 48 groups
     assert result.metrics["oom_retries"] == 3 and result.metrics["windows_per_batch"] == 3

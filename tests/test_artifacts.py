@@ -51,7 +51,7 @@ def test_the_pyfunc_model_predicts_what_the_run_predicted(cg_run):
     assert loaded.metadata.get_input_schema().input_names() == ["g", "x", "dow"]
     assert loaded.metadata.saved_input_example_info is not None
     config, specs = typed_config(cfg)
-    _, test_frame = load_splits(config, specs)
+    test_frame = load_splits(config, specs).test
     shuffled = test_frame.sample(frac=1.0, random_state=0)  # any row order: output follows the input
     predicted = loaded.predict(shuffled[["g", "x", "dow"]])
     expected = (result.predictions[result.predictions["split"] == "test"]
@@ -80,8 +80,11 @@ def test_partial_effects_recover_the_true_curve():
     from conftest import synthetic_frame
     from tamrun.config.effects import parse_effects
     from tamrun.config.schema import Config
-    from tamrun.pipeline import build_features, solve, plan_memory
+    from tamrun.data.derive import DataRecipe
     from tamrun.device import DeviceManager
+    from tamrun.memory.guard import ChunkLoop, OomLog
+    from tamrun.memory.tracker import MemoryTracker
+    from tamrun.pipeline import build_features, plan_memory, solve
 
     config = Config()
     config.data.group, config.data.target = "g", "y"
@@ -90,8 +93,10 @@ def test_partial_effects_recover_the_true_curve():
                            "dow": {"kind": "categorical", "column": "dow", "ap": -8}})
     features = build_features(config, specs, synthetic_frame(days=240))
     devices = DeviceManager.from_config(config.hw, torch.float64)
-    model = solve(config, features, plan_memory(config, features, devices), devices)
-    curves = {c["name"]: c for c in partial_effect_curves(model.design, model.coef, model.train, points=50)}
+    loop = ChunkLoop(config.memory.oom, OomLog(), MemoryTracker(None, config.memory.overhead_factor))
+    recipe = DataRecipe({}, "date", "y", "g", None)
+    fit = solve(config, features, plan_memory(config, features, devices), devices, loop, recipe)
+    curves = {c["name"]: c for c in partial_effect_curves(fit.model, fit.train, points=50)}
     spline = curves["sx"]
     truth = 2 * np.sin(spline["grid"])
     centred = spline["values"] - spline["values"].mean(axis=1, keepdims=True)

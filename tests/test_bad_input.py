@@ -192,9 +192,9 @@ CASES = [
 
 
 def _device_present(kind: Optional[str]) -> bool:
-    from tamrun.device import _available
+    from tamrun.device import device_available
 
-    return kind is not None and _available(kind)
+    return kind is not None and device_available(kind)
 
 
 @pytest.fixture(scope="module")

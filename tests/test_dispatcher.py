@@ -15,8 +15,11 @@ from tamrun.effects.design import AdditiveDesign
 from tamrun.effects.fourier import FourierEffect
 from tamrun.effects.linear import LinearEffect
 from tamrun.effects.spline import SplineEffect
-from tamrun.memory.guard import OomLog
+from tamrun.fitted import predict_rows
+from tamrun.memory.footprint import StepCost
+from tamrun.memory.guard import ChunkLoop, OomLog
 from tamrun.memory.oracle import ChunkPlan, Plan
+from tamrun.memory.tracker import MemoryTracker
 from tamrun.solve.dispatcher import Dispatcher
 
 from conftest import synthetic_frame
@@ -49,11 +52,23 @@ def reference_coefficients(batch, design, jitter=1e-6):
     return np.stack(out)
 
 
+def plan_of(route, fit_chunk, predict_chunk, cache, dual=False) -> Plan:
+    """A plan with the given route and chunks (the byte figures do not matter to the dispatcher)."""
+    return Plan(route=route, reason="test", fit=fit_chunk, predict=predict_chunk, cache_design=cache, budget=0,
+                free=0, predicted_peak=0, minimal_limit=0, fit_cost=StepCost(0, 0), predict_cost=StepCost(0, 0),
+                overhead=1.1, chunk_fraction=0.7, predict_output=0, dual=dual)
+
+
+def dispatcher_of(design, plan, solver) -> Dispatcher:
+    """A CPU dispatcher with an unlimited tracker."""
+    loop = ChunkLoop(OomConfig(), OomLog(), MemoryTracker(None, 1.1))
+    return Dispatcher(design, DeviceManager("cpu"), plan, solver, loop)
+
+
 def fit(batch, design, route, groups, rows, cache=True, tol=None):
-    plan = Plan(route=route, reason="test", fit=ChunkPlan(groups, rows, 0), predict=ChunkPlan(groups, rows, 0),
-                cache_design=cache, budget=0, free=0, predicted_peak=0)
+    plan = plan_of(route, ChunkPlan(groups, rows, 0), ChunkPlan(groups, rows, 0), cache)
     solver = SolverConfig(tol=tol, max_iter=5000)
-    dispatcher = Dispatcher(design, DeviceManager("cpu"), plan, solver, OomConfig(), OomLog())
+    dispatcher = dispatcher_of(design, plan, solver)
     coef, stats = dispatcher.fit(batch)
     return coef.numpy(), stats, dispatcher
 
@@ -91,8 +106,9 @@ def test_cg_matches_direct(problem, cache):
 
 def test_predict_equals_design_times_coefficients(problem):
     batch, design = problem
-    coef, _, dispatcher = fit(batch, design, "direct", groups=2, rows=50)
-    predicted = dispatcher.predict(batch, torch.tensor(coef))
+    coef, _, _ = fit(batch, design, "direct", groups=2, rows=50)
+    predicted = predict_rows(design, torch.tensor(coef), batch.x, torch.device("cpu"), group_chunk=2, row_chunk=50,
+                             weight=batch.weight)
     phi = design.design(batch.x).numpy()
     expected = np.einsum("gnd,gd->gn", phi, coef) * batch.weight.numpy()
     np.testing.assert_allclose(predicted.numpy(), expected, rtol=1e-12, atol=1e-9)
@@ -122,10 +138,9 @@ def test_forest_direct_matches_the_dense_reference_and_cg_matches_direct(forest_
     direct, _, _ = fit(batch, design, "direct", groups=2, rows=100)
     assert max_rel(direct, reference_coefficients(batch, design)) <= 1e-8
     for preconditioner in ("jacobi", "block_jacobi", "none"):
-        plan = Plan(route="cg", reason="test", fit=ChunkPlan(2, 100, 0), predict=ChunkPlan(2, 100, 0),
-                    cache_design=True, budget=0, free=0, predicted_peak=0)
+        plan = plan_of("cg", ChunkPlan(2, 100, 0), ChunkPlan(2, 100, 0), cache=True)
         solver = SolverConfig(tol=1e-12, max_iter=20_000, preconditioner=Preconditioner(preconditioner))
-        coef, stats = Dispatcher(design, DeviceManager("cpu"), plan, solver, OomConfig(), OomLog()).fit(batch)
+        coef, stats = dispatcher_of(design, plan, solver).fit(batch)
         assert stats.cg_unconverged_groups == 0
         assert max_rel(coef.numpy(), direct) <= 1e-6, preconditioner
 
@@ -164,11 +179,10 @@ def test_dual_form_matches_the_primal_and_the_dense_reference():
     variants = [(True, 4096, "bfloat16", 512, 96), (True, 4096, "float32", 7, 96), (True, 0, "bfloat16", 7, 96),
                 (True, 0, "float32", 7, 4), (False, 4096, "bfloat16", 512, 96)]
     for dual, counts_max, counts, tile, scatter_rows in variants:
-        plan = Plan(route="direct", reason="test", fit=ChunkPlan(1, 17, 0), predict=ChunkPlan(3, 17, 0),
-                    cache_design=False, budget=0, free=0, predicted_peak=0, dual=dual)
+        plan = plan_of("direct", ChunkPlan(1, 17, 0), ChunkPlan(3, 17, 0), cache=False, dual=dual)
         solver = SolverConfig(dual_dense_counts_max=counts_max, dual_counts_dtype=CountDType(counts),
                               dual_tile_rows=tile, dual_scatter_max_leaf_rows=scatter_rows)
-        coef, _ = Dispatcher(design, DeviceManager("cpu"), plan, solver, OomConfig(), OomLog()).fit(batch)
+        coef, _ = dispatcher_of(design, plan, solver).fit(batch)
         coefs[dual, counts_max, counts, tile, scatter_rows] = coef.numpy()
     primal = coefs[variants[-1]]
     for variant in variants[:-1]:
@@ -189,7 +203,8 @@ def test_leaf_count_tiles_equal_the_pairwise_count(dense_max, scatter_rows, dtyp
     for trees, rows in ((5, 37), (300, 23)):
         leaves = rng.integers(0, 2, size=(rows, trees)) + 2 * np.arange(trees)  # trees of 2 leaves each
         expected = (leaves[:, None, :] == leaves[None, :, :]).sum(-1)  # explicit pairwise comparison
-        counter = LeafCounts(torch.as_tensor(leaves), 2 * trees, dense_max, count_dtype(trees, dtype), scatter_rows)
+        counter = LeafCounts(torch.as_tensor(leaves), 2 * trees, dense_max, count_dtype(trees, dtype), scatter_rows,
+                             pairs_per_step=1 << 20)
         lower = np.tril(np.ones((rows, rows), dtype=bool))
         for start, stop, upto in ((0, 8, 8), (8, 16, 16), (16, rows, rows), (3, 11, rows)):
             tile = counter.tile(start, stop, upto).float().numpy()

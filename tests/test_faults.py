@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+import tamrun.jobs.record
 import tamrun.pipeline
-import tamrun.runner
+import tamrun.solve.dispatcher
 from tamrun.runner import run
 
 from conftest import csv_overrides
@@ -30,8 +31,8 @@ def _raise_injected(*args, **kwargs):
     raise RuntimeError("injected fault (raised on purpose by the test)")
 
 
-@pytest.mark.parametrize("target", [(tamrun.pipeline, "load_table"), (tamrun.pipeline.Dispatcher, "fit"),
-                                    (tamrun.runner, "log_run_plots")], ids=["data", "solve", "artifacts"])
+@pytest.mark.parametrize("target", [(tamrun.pipeline, "load_table"), (tamrun.solve.dispatcher.Dispatcher, "fit"),
+                                    (tamrun.jobs.record, "log_run_plots")], ids=["data", "solve", "artifacts"])
 def test_an_exception_anywhere_leaves_the_run_failed_with_error_and_log(compose_cfg, store_uri, csv_path, tmp_path,
                                                                      monkeypatch, target):
     """A RuntimeError raised on purpose in the data phase, in the solver, or while logging artifacts."""

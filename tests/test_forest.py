@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from tamrun.config.effects import CrossingSpec, ForestSpec, FourierSpec
-from tamrun.effects.crossing import CrossingEffect
+from tamrun.effects.crossing import crossing as cross_effects
 from tamrun.effects.design import AdditiveDesign
 from tamrun.effects.forest import ForestEffect
 from tamrun.effects.fourier import FourierEffect
@@ -73,7 +73,7 @@ def test_forest_x_fourier_crossing_equals_the_row_wise_kronecker_by_hand():
                         right=FourierSpec(column="b", m=2, s=2.0, ap=-1.0), ap=-2.0)
     fourier = FourierEffect("right", spec.right)
     forest = ForestEffect("left", spec.left, seed=3)
-    crossing = CrossingEffect("cross", spec, fourier, forest)  # the forest is put first whatever the order
+    crossing = cross_effects("cross", spec, fourier, forest)  # the forest is put first whatever the order
     assert crossing.left is forest and crossing.indexed
     z = scaled_data(columns=3)
     crossing.fit(z.reshape(-1, 3).numpy(), z.reshape(-1, 3).numpy())

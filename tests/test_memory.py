@@ -7,7 +7,7 @@ import torch
 
 from tamrun.config.schema import MemoryConfig, OomConfig
 from tamrun.errors import ConfigError, MemoryBudgetError
-from tamrun.effects.design import RowBytes
+from tamrun.memory.footprint import RowBytes
 from tamrun.memory.footprint import ProblemSize, dense_system_bytes, direct_row_bytes, kernel_build_bytes
 from tamrun.memory.guard import OomLog, oom_settings, retry_on_oom
 from tamrun.memory.oracle import MemoryOracle, pick_chunk
@@ -70,13 +70,13 @@ def test_parse_size_units():
 
 
 def test_pick_chunk_keeps_everything_when_it_fits_and_shrinks_otherwise():
-    whole = pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=10**9, overhead=1.1)
+    whole = pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=10**9, overhead=1.1, min_rows=1024)
     assert (whole.groups, whole.rows) == (48, 4000)
-    tight = pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=100_000, overhead=1.1)
+    tight = pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=100_000, overhead=1.1, min_rows=1024)
     assert 1.1 * tight.groups * (1000 + tight.rows * 10) <= 100_000
     assert tight.rows < 4000 or tight.groups < 48
     with pytest.raises(MemoryBudgetError, match="smallest chunk"):
-        pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=100, overhead=1.1)
+        pick_chunk(48, 4000, per_group_fixed=1000, per_group_row=10, budget=100, overhead=1.1, min_rows=1024)
 
 
 def test_route_rule_follows_the_waterfall_thresholds():

@@ -22,7 +22,7 @@ def random_spd(groups: int, dim: int, seed: int, cond_scale: float = 1.0) -> tup
 
 def test_cholesky_matches_lapack_float64():
     a, b = random_spd(6, 40, seed=1, cond_scale=100.0)
-    x, stats = cholesky_solve(torch.tensor(a), torch.tensor(b), jitter=0.0)
+    x, stats = cholesky_solve(torch.tensor(a), torch.tensor(b), jitter=0.0, growth=10.0, max_tries=4)
     reference = np.linalg.solve(a, b[..., None])[..., 0]
     rel = np.linalg.norm(x.numpy() - reference, axis=1) / np.linalg.norm(reference, axis=1)
     assert rel.max() <= 1e-8
@@ -47,7 +47,7 @@ def test_cholesky_falls_back_to_lu_when_jitter_is_not_enough(caplog):
     a, b = random_spd(2, 5, seed=3)
     a[0] = -np.eye(5)  # negative definite: no bounded jitter makes it SPD; LU solves it exactly
     with caplog.at_level(logging.WARNING):
-        x, stats = cholesky_solve(torch.tensor(a), torch.tensor(b), jitter=1e-6, max_tries=2)
+        x, stats = cholesky_solve(torch.tensor(a), torch.tensor(b), jitter=1e-6, growth=10.0, max_tries=2)
     assert stats.lu_fallback_groups == 1
     assert "LU" in caplog.text
     np.testing.assert_allclose(x[0].numpy(), -b[0], rtol=1e-12)
@@ -62,7 +62,7 @@ def test_cg_matches_direct(jacobi):
     result = conjugate_gradient(lambda v: (at @ v.unsqueeze(-1)).squeeze(-1), bt,
                                 (lambda r: r * inverse_diagonal) if jacobi else None,
                                 tol=1e-13, max_iter=500)
-    direct, _ = cholesky_solve(at, bt, jitter=0.0)
+    direct, _ = cholesky_solve(at, bt, jitter=0.0, growth=10.0, max_tries=4)
     assert bool(result.converged.all())
     rel = (torch.linalg.vector_norm(result.x - direct, dim=-1) / torch.linalg.vector_norm(direct, dim=-1)).max()
     assert float(rel) <= 1e-6

@@ -42,9 +42,9 @@ def test_a_bad_validation_period_names_the_field(start, end, error, field):
 
 def test_progress_without_a_terminal_is_plain_log_lines(caplog):
     caplog.set_level(logging.INFO, logger="tamrun.progress")
-    chunks = ChunkProgress(n_groups=48, mode="log")
+    chunks = ChunkProgress(mode="log")
     for last in (15, 31, 47):
-        chunks(f"fit/direct groups {last - 15}..{last}")
+        chunks("fit/direct", last + 1, 48)
     iterations = IterationProgress(max_iter=100, mode="log")
     for i, residual in enumerate((1e-1, 1e-3, 1e-7), start=1):
         iterations(i, residual)
@@ -52,7 +52,7 @@ def test_progress_without_a_terminal_is_plain_log_lines(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert "fit/direct: 48/48 groups" in lines
     assert "CG: 3/100 iterations (residual 1.00e-07)" in lines
-    silent = ChunkProgress(n_groups=4, mode="off")
+    silent = ChunkProgress(mode="off")
     caplog.clear()
-    silent("fit/direct groups 0..3")
+    silent("fit/direct", 4, 4)
     assert not caplog.records

@@ -5,17 +5,18 @@ Direct route (primal), per group, with phi_i the row i of Phi (D,):
     G_k = (G_{k-1} + sum_{i added} phi_i phi_i') - sum_{i removed} phi_i phi_i'      (b_k likewise)
     beta_k = (G_k / n_k + P + jitter I)^-1 b_k / n_k
 The added and removed rows of all (window, group) systems of a batch are two batches of systems whose
-Grams come from `Dispatcher.normal_equations` at once; the running sum then goes through the
+Grams come from `tamrun.solve.assembly.normal_equations` at once; the running sum then goes through the
 windows in order, in place in the added rows' Grams, so window k's Gram is the same whatever the
 batch sizes (a memory cap changes nothing). The first window, and every window k with k % adaptive.refresh == 0, gets its Gram
 from its rows (bounding the rounding drift of the running sums). All systems of a batch are solved
-by one batched Cholesky (`Dispatcher.solve_normal_equations`).
+by one batched Cholesky (`tamrun.solve.assembly.solve_normal_equations`).
 
 CG route and the direct route's dual form: the windows' rows are gathered as one batch of systems
 and fitted by the dispatcher; CG starts every window of a batch from the previous batch's last
 window (one window per batch: warm starts between consecutive windows).
 
-Every batch runs under the dispatcher's guard: charged to the tracker, retried with fewer windows on OOM.
+Every batch runs through the window loop (`ChunkLoop`): charged to the tracker, retried with fewer
+windows on OOM. Forecasts go through `tamrun.fitted.predict_rows`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
 from tamrun.device import DeviceManager
 from tamrun.effects.design import AdditiveDesign
-from tamrun.memory.guard import OomLog, oom_settings
-from tamrun.memory.tracker import MemoryTracker
-from tamrun.solve.dispatcher import Dispatcher, FitStats
+from tamrun.fitted import predict_rows
+from tamrun.memory.guard import ChunkLoop
+from tamrun.solve.assembly import normal_equations, solve_normal_equations
+from tamrun.solve.dispatcher import Dispatcher
+from tamrun.solve.stats import FitStats
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +60,19 @@ class WindowFitter:
     """Fits the schedule's windows on the rows of ``history`` (G, N, F), date-sorted per group."""
 
     def __init__(self, config: Config, design: AdditiveDesign, devices: DeviceManager, history: GroupedBatch,
-                 schedule: WindowSchedule, window_plan: WindowPlan, oom_log: OomLog, tracker: MemoryTracker,
-                 snapshot=lambda label: None) -> None:
+                 schedule: WindowSchedule, window_plan: WindowPlan, loop: ChunkLoop) -> None:
         self.config, self.design, self.devices = config, design, devices
         self.history, self.schedule, self.wplan = history, schedule, window_plan
-        self.oom_log, self.tracker, self.snapshot = oom_log, tracker, snapshot
+        self.loop = loop  # runs the batches of windows
         self.penalty = design.penalty_operator().to(devices.device, history.x.dtype)
-        self.stats = FitStats(window_plan.plan.route, window_plan.groups, window_plan.plan.fit.rows)
+        self.stats = FitStats(route=window_plan.plan.route, group_chunk=window_plan.groups,
+                              row_chunk=window_plan.plan.fit.rows)
 
-    def _dispatcher(self, group: np.ndarray, plan=None, initial: Optional[torch.Tensor] = None,
-                    snapshot=lambda label: None) -> Dispatcher:
-        """A dispatcher over systems whose groups are ``group`` (S,)."""
-        return Dispatcher(system_design(self.design, group), self.devices, plan or self.wplan.plan, self.config.solver,
-                          oom_settings(self.config.memory.oom), self.oom_log, self.tracker, snapshot, initial)
+    def _dispatcher(self, group: np.ndarray, plan, initial: Optional[torch.Tensor] = None) -> Dispatcher:
+        """A dispatcher over systems whose groups are ``group`` (S,), with a loop of its own under the
+        same tracker and OOM log (no timeline, no progress)."""
+        loop = ChunkLoop(self.loop.policy, self.loop.oom_log, self.loop.tracker, self.loop.free_memory)
+        return Dispatcher(system_design(self.design, group), self.devices, plan, self.config.solver, loop, initial)
 
     def fit(self) -> WindowFit:
         s, dtype = self.schedule, self.history.x.dtype
@@ -79,7 +82,6 @@ class WindowFitter:
                 if self.config.adaptive.keep_coefficients else None)
         result = WindowFit(forecast, coef, self.stats, self.wplan.windows)
         fit_batch = self._updating_batch if self.wplan.updating else self._systems_batch
-        outer = self._dispatcher(np.arange(s.n_groups), snapshot=self.snapshot)  # its guard runs the batches
         for g0 in range(0, s.n_groups, self.wplan.groups):
             groups = range(g0, min(g0 + self.wplan.groups, s.n_groups))
             carry: dict = {}
@@ -97,8 +99,8 @@ class WindowFitter:
                 result.batch_seconds.append(time.perf_counter() - began)
 
             cost = replace(self.wplan.cost, groups=len(groups))
-            result.windows_per_batch = outer._guarded(step, s.n_windows, self.wplan.windows, 0,
-                                                      f"adaptive/{self.wplan.plan.route}", cost, unit="windows")
+            result.windows_per_batch = self.loop.run(step, s.n_windows, self.wplan.windows,
+                                                     f"adaptive/{self.wplan.plan.route}", cost, unit="windows")
         return result
 
     # ---- direct route: up/down-dated Grams -------------------------------------------------------
@@ -109,7 +111,8 @@ class WindowFitter:
     def _normal_equations(self, group: np.ndarray, start: np.ndarray, stop: np.ndarray):
         """Unnormalised (S, D, D) Grams and (S, D) Phi'y of rows [start, stop) of each system's group."""
         batch = gather_systems(self.history, group, start, stop)
-        return self._dispatcher(group).normal_equations(batch, slice(0, len(group)))
+        return normal_equations(system_design(self.design, group), batch, slice(0, len(group)), self.devices.device,
+                                self.wplan.plan.fit.rows)
 
     def _updating_batch(self, windows: range, groups: range, k: np.ndarray, g: np.ndarray, carry: dict):
         """Each system's Gram and Phi'y: the rows it gains and loses since the previous window (none
@@ -132,7 +135,8 @@ class WindowFitter:
         del removed, removed_rhs
         last = {"gram": gram.clone(), "rhs": vector.clone()}  # the next batch's start
         count = torch.as_tensor(s.hi[k, g] - s.lo[k, g], dtype=grams.dtype, device=grams.device).clamp_min(1.0)
-        beta = self._dispatcher(g).solve_normal_equations(grams, rhs, count, self.penalty, self.stats)
+        beta, report = solve_normal_equations(grams, rhs, count, self.penalty, self.config.solver)
+        self.stats.merge(report)
         return beta, last
 
     # ---- cg route and the dual form: systems through the dispatcher -------------------------------
@@ -142,11 +146,7 @@ class WindowFitter:
         initial = carry["coef"].repeat(len(windows), 1) if "coef" in carry and plan.route == "cg" else None
         inner = replace(plan, fit=replace(plan.fit, groups=1 if plan.dual else max(plan.fit.groups, len(g))))
         beta, stats = self._dispatcher(g, inner, initial).fit(batch)
-        self.stats.cg_iterations = max(self.stats.cg_iterations, stats.cg_iterations)
-        self.stats.cg_unconverged_groups += stats.cg_unconverged_groups
-        self.stats.cg_final_residual = max(self.stats.cg_final_residual, stats.cg_final_residual)
-        self.stats.jitter_escalations = max(self.stats.jitter_escalations, stats.jitter_escalations)
-        self.stats.lu_fallback_groups += stats.lu_fallback_groups
+        self.stats.merge(stats)
         return beta.to(self.devices.device), {"coef": beta[-len(groups):].clone()}
 
     # ---- forecast ---------------------------------------------------------------------------------
@@ -154,5 +154,4 @@ class WindowFitter:
         """(S, H) forecasts of each system's horizon rows by its coefficients (0 on padding), on the host."""
         s = self.schedule
         batch = gather_systems(self.history, g, s.hi[k, g], s.end[k, g])
-        chunk = system_design(self.design, g).chunk(batch.x.to(self.devices.device), slice(0, len(g)))
-        return chunk.matvec(beta.to(batch.x.dtype)).cpu().mul_(batch.weight)
+        return predict_rows(system_design(self.design, g), beta, batch.x, self.devices.device, weight=batch.weight)

@@ -1,6 +1,6 @@
 """``mode=adaptive``: the static fit, then sliding-window refits over the test period, evaluated and recorded.
 
-    prepare (data, features, static plan) -> static fit + forecast -> history batch (the rows from the
+    `Prepared` (data, features, static plan) -> static fit + forecast -> history batch (the rows from the
     first window's start to the test end, date-sorted per group) -> schedule -> window plan -> window
     fits (batches of windows x groups) -> per-step and overall metrics -> MLflow
 
@@ -12,25 +12,28 @@ horizon [t_k, t_k + horizon).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict
+from dataclasses import dataclass
+from typing import Dict
 
 import numpy as np
 import pandas as pd
 import torch
 
-from tamrun.adaptive.budget import plan_windows
+from tamrun.adaptive.budget import WindowPlan, plan_windows
 from tamrun.adaptive.fit import WindowFit, WindowFitter
 from tamrun.adaptive.plots import adaptive_figure
 from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates
-from tamrun.config.schema import Config
-from tamrun.device import DeviceManager
+from tamrun.data.batch import GroupedBatch
 from tamrun.evaluate import mape, rmse
+from tamrun.fitted import prediction_batch
+from tamrun.jobs.prepare import Prepared
+from tamrun.jobs.result import RunResult
+from tamrun.memory.footprint import problem_size
 from tamrun.memory.guard import OomLog
-from tamrun.memory.meter import TensorMeter
 from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.tracker import MemoryTracker
-from tamrun.memory.units import parse_size
-from tamrun.pipeline import Features, prediction_batch, problem_size, solve
+from tamrun.pipeline import Fit, solve
+from tamrun.progress import ChunkProgress
 from tamrun.tracking.mlflow_run import TrackedRun
 
 log = logging.getLogger(__name__)
@@ -57,60 +60,88 @@ def step_metrics(schedule: WindowSchedule, history, forecast: torch.Tensor) -> D
     return out
 
 
-def run_adaptive(config: Config, specs: Dict[str, Any], devices: DeviceManager, tracked: TrackedRun):
-    """Fit the static model and the sliding-window refits, evaluate both on the test period, record."""
-    from tamrun.runner import RunResult, _prepare  # the runner imports this module lazily
+@dataclass
+class History:
+    """The rows the windows are cut from: every row from the first window's start to the test end, as
+    a batch of the training groups (date-sorted per group), with their dates (G, N) and the refit
+    schedule over them."""
 
-    if config.memory.meter:
-        TensorMeter.warm_up()
-    recorder = PhaseRecorder(devices)
-    train_frame, test_frame, features, test, plan, _ = _prepare(config, specs, devices, recorder)  # no validation: refused in config checks
-    limit, oom_log = parse_size(config.memory.limit), OomLog()
+    batch: GroupedBatch
+    dates: np.ndarray
+    schedule: WindowSchedule
+
+
+def history(prepared: Prepared) -> History:
+    """The history batch and the schedule of the refits over the test period."""
+    config, splits, train = prepared.config, prepared.splits, prepared.features.train
     data, ada = config.data, config.adaptive
+    test_start = pd.Timestamp(config.split.test_start).normalize()
+    frame = pd.concat([splits.train, splits.test]).sort_values(data.date_column, kind="stable")
+    frame = frame[frame[data.date_column] >= test_start - pd.Timedelta(days=ada.window)].reset_index(drop=True)
+    batch = prediction_batch(prepared.features.design, train.groups, splits.recipe, train.x.dtype, frame)
+    dates = history_dates(batch, frame[data.date_column].to_numpy())
+    schedule = build_schedule(dates, splits.train[data.date_column].min(), test_start,
+                              splits.test[data.date_column].max(), ada)
+    return History(batch, dates, schedule)
+
+
+def window_plan(prepared: Prepared, past: History) -> WindowPlan:
+    """The plan of one window's problem (the first window's rows) and its batches."""
+    config, schedule, design = prepared.config, past.schedule, prepared.features.design
+    first = gather_systems(past.batch, np.arange(schedule.n_groups), schedule.lo[0], schedule.hi[0])
+    size = problem_size(len(first.groups), first.x.shape[1], design, first.x.element_size(), config.solver,
+                        schedule.horizon_rows)
+    return plan_windows(config, size, prepared.devices, schedule.n_windows, schedule.step_rows,
+                        len(past.batch.columns))
+
+
+def adaptive_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
+    """Fit the static model and the sliding-window refits, evaluate both on the test period, record."""
+    config, recorder, devices = prepared.config, prepared.recorder, prepared.devices
     with recorder.phase("static"):
-        static = solve(config, features, plan, devices, oom_log, MemoryTracker(plan.budget if limit else None,
-                                                                                plan.overhead))
+        static = solve(config, prepared.features, prepared.plan, devices, prepared.chunk_loop(),
+                       prepared.splits.recipe)
     with recorder.phase("schedule"):
-        test_start = pd.Timestamp(config.split.test_start).normalize()
-        first = test_start - pd.Timedelta(days=ada.window)
-        frame = pd.concat([train_frame, test_frame]).sort_values(data.date_column, kind="stable")
-        frame = frame[frame[data.date_column] >= first].reset_index(drop=True)
-        history = prediction_batch(config, features.design, features.train.groups, frame, features.train.x.dtype)
-        dates = history_dates(history, frame[data.date_column].to_numpy())
-        schedule = build_schedule(dates, train_frame[data.date_column].min(), test_start,
-                                  test_frame[data.date_column].max(), ada)
-        first_window = gather_systems(history, np.arange(schedule.n_groups), schedule.lo[0], schedule.hi[0])
-        size = problem_size(Features(first_window, features.design), schedule.horizon_rows, config)
-        window_plan = plan_windows(config, size, devices, schedule.n_windows, schedule.step_rows, len(history.columns))
-        static_history = static.dispatcher.predict(history, static.coef)
+        past = history(prepared)
+        plan = window_plan(prepared, past)
+        static_history = static.predict(past.batch)
+    schedule, ada = past.schedule, config.adaptive
     log.info("adaptive: %d refits every %d day(s) on %d-day windows (up to %d rows), route %s%s, %d window(s) x "
              "%d group(s) per batch, window budget %d bytes", schedule.n_windows, ada.step, ada.window,
-             schedule.window_rows, window_plan.plan.route, " (up/down-dated Grams)" if window_plan.updating else "",
-             window_plan.windows, window_plan.groups, window_plan.budget)
-    tracker = MemoryTracker(window_plan.budget if limit is not None else None, window_plan.plan.overhead)
+             schedule.window_rows, plan.plan.route, " (up/down-dated Grams)" if plan.updating else "",
+             plan.windows, plan.groups, plan.budget)
+    tracker = MemoryTracker(plan.budget if prepared.limit is not None else None, plan.plan.overhead)
+    loop = prepared.chunk_loop(ChunkProgress(config.progress.value, "windows"), tracker)
     with recorder.phase("adaptive", config.memory.meter):
-        fitted = WindowFitter(config, features.design.to(devices.device), devices, history, schedule, window_plan,
-                              oom_log, tracker, recorder.snapshot).fit()
+        fitted = WindowFitter(config, static.model.design, devices, past.batch, schedule, plan, loop).fit()
     with recorder.phase("evaluate"):
-        k, g, n, j = own_rows(schedule)
-        table = pd.DataFrame({
-            "date": dates[g, n], "group": np.asarray(history.groups, dtype=object)[g],
-            "refit": schedule.dates.to_numpy()[k], "actual": history.y[g, n].numpy(),
-            "adaptive": fitted.forecast[k, g, j].numpy(), "static": static_history[g, n].numpy(),
-        }).sort_values(["date", "group"], kind="stable").reset_index(drop=True)
-        steps = step_metrics(schedule, history, fitted.forecast)
-    metrics = _metrics(table, fitted, schedule, window_plan, recorder, oom_log, tracker)
+        table = adaptive_table(past, fitted, static_history)
+        steps = step_metrics(schedule, past.batch, fitted.forecast)
+    metrics = _metrics(table, fitted, schedule, plan, recorder, prepared.oom_log, tracker)
     log.info("adaptive: rmse_test=%.1f (static %.1f), %.4f s per refit, %d windows per batch",
              metrics["rmse_test"], metrics["rmse_test_static"], metrics["seconds_per_refit"],
              fitted.windows_per_batch)
-    _record(tracked, config, table, metrics, steps, window_plan, static, fitted, recorder, oom_log)
+    _record(tracked, prepared, table, metrics, steps, plan, static, fitted)
     coef = fitted.coef if fitted.coef is not None else torch.empty(0)
-    return RunResult(run_id=None, route=window_plan.plan.route, width=features.design.width,
-                     groups=features.train.groups, coef=coef, metrics=metrics, predictions=table,
-                     plan=window_plan.plan, stats=fitted.stats)
+    return RunResult(run_id=None, route=plan.plan.route, width=static.model.design.width,
+                     groups=static.model.groups, coef=coef, metrics=metrics, predictions=table,
+                     plan=plan.plan, stats=fitted.stats)
 
 
-def _metrics(table, fitted: WindowFit, schedule, window_plan, recorder, oom_log, tracker) -> Dict[str, float]:
+def adaptive_table(past: History, fitted: WindowFit, static_history: torch.Tensor) -> pd.DataFrame:
+    """One row per test row: date, group, the refit that forecast it, actual, adaptive and static."""
+    schedule, batch = past.schedule, past.batch
+    k, g, n, j = own_rows(schedule)
+    return pd.DataFrame({
+        "date": past.dates[g, n], "group": np.asarray(batch.groups, dtype=object)[g],
+        "refit": schedule.dates.to_numpy()[k], "actual": batch.y[g, n].numpy(),
+        "adaptive": fitted.forecast[k, g, j].numpy(), "static": static_history[g, n].numpy(),
+    }).sort_values(["date", "group"], kind="stable").reset_index(drop=True)
+
+
+def _metrics(table: pd.DataFrame, fitted: WindowFit, schedule: WindowSchedule, window_plan: WindowPlan,
+             recorder: PhaseRecorder, oom_log: OomLog, tracker: MemoryTracker) -> Dict[str, float]:
+    """Test RMSE / MAPE of the adaptive and static forecasts, the batches, the budget, the phases."""
     seconds = recorder.phases["adaptive"].seconds
     metrics = {
         "rmse_test": rmse(table["actual"].to_numpy(), table["adaptive"].to_numpy()),
@@ -132,10 +163,12 @@ def _metrics(table, fitted: WindowFit, schedule, window_plan, recorder, oom_log,
     return metrics
 
 
-def _record(tracked: TrackedRun, config: Config, table, metrics, steps, window_plan, static, fitted, recorder,
-            oom_log) -> None:
+def _record(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, metrics: Dict[str, float],
+            steps: Dict[str, list], window_plan: WindowPlan, static: Fit, fitted: WindowFit) -> None:
+    """Log the adaptive run: params, metrics, stepped metrics, the window plan, predictions, plot."""
+    config, recorder, oom_log = prepared.config, prepared.recorder, prepared.oom_log
     tracked.log_params({"route": window_plan.plan.route, "route_reason": window_plan.plan.reason,
-                        "D": static.design.width, "adaptive_updating": window_plan.updating,
+                        "D": static.model.design.width, "adaptive_updating": window_plan.updating,
                         "adaptive_windows_per_batch": window_plan.windows,
                         "adaptive_groups_per_batch": window_plan.groups})
     tracked.log_metrics(metrics)

@@ -24,7 +24,7 @@ from typing import List, Optional
 
 import torch
 
-from tamrun.bench.memory import _run
+from tamrun.bench.memory import run_quiet
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for window in (int(w) for w in args.windows.split(",")):
             base = [f"model={model}", "mode=adaptive", f"adaptive.window={window}", f"adaptive.step={args.step}",
                     f"hw={args.device}"] + ([f"split.test_end={args.test_end}"] if args.test_end else [])
-            runs = [(name, _run(base + extra)) for name, extra in VARIANTS]
+            runs = [(name, run_quiet(base + extra)) for name, extra in VARIANTS]
             limit = int(runs[0][1].metrics["working_peak_bytes"] / 10)
-            runs.append((f"capped at {limit / 2**20:.2f} MiB", _run(base + [f"memory.limit={limit}"])))
+            runs.append((f"capped at {limit / 2**20:.2f} MiB", run_quiet(base + [f"memory.limit={limit}"])))
             lines += [table_row(model, window, name, result, runs[0][1]) for name, result in runs]
             log.info("%s, %d-day windows done", model, window)
     sys.stdout.write("\n".join(lines) + "\n")

@@ -81,6 +81,8 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     from tamrun.config.load import config_dir, typed_config
     from tamrun.config.store import register_configs
     from tamrun.device import DeviceManager
+    from tamrun.memory.guard import ChunkLoop, OomLog, oom_settings
+    from tamrun.memory.tracker import MemoryTracker
     from tamrun.pipeline import DTYPES, fit_model, load_splits
 
     overrides = [f"model={args.model}", f"hw={args.device}", "tracking=none", f"dtype={args.dtype}", *args.override]
@@ -94,16 +96,17 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
         cfg = compose(config_name="config", overrides=overrides)
     config, specs = typed_config(cfg)
     devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
-    train, test = load_splits(config, specs)
-    if args.cap is not None and args.device == "cuda":
-        devices.set_limit(int(args.cap * devices.memory().total))
+    splits = load_splits(config, specs)
+    devices.enforce_limit(config.memory.limit_bytes)
+    loop = ChunkLoop(oom_settings(config.memory.oom), OomLog(), MemoryTracker(None, config.memory.overhead_factor),
+                     devices.empty_cache)
     meter.start()
-    model, fit_seconds = _timed(lambda: fit_model(config, specs, train, devices), args.device)
-    table, predict_seconds = _timed(lambda: model.predict_frame(test, "test"), args.device)
-    out = {"fit_seconds": fit_seconds, "predict_seconds": predict_seconds, "route": model.plan.route,
-           "width": model.design.width, **_metrics(table["actual"].to_numpy(), table["predicted"].to_numpy())}
-    if model.plan.route == "cg":
-        out.update(cg_iterations=model.stats.cg_iterations, cg_residual=model.stats.cg_final_residual)
+    fit, fit_seconds = _timed(lambda: fit_model(config, specs, splits, devices, loop), args.device)
+    table, predict_seconds = _timed(lambda: fit.predict_frame(splits.test, "test"), args.device)
+    out = {"fit_seconds": fit_seconds, "predict_seconds": predict_seconds, "route": fit.plan.route,
+           "width": fit.model.design.width, **_metrics(table["actual"].to_numpy(), table["predicted"].to_numpy())}
+    if fit.plan.route == "cg":
+        out.update(cg_iterations=fit.stats.cg_iterations, cg_residual=fit.stats.cg_final_residual)
     return out
 
 

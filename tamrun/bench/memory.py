@@ -17,7 +17,8 @@ import torch
 from tamrun.errors import TamrunError
 
 
-def _run(overrides: List[str]):
+def run_quiet(overrides: List[str]):
+    """One in-process run of the composed config with ``overrides`` and tracking=none (its RunResult)."""
     from hydra import compose, initialize_config_dir
 
     from tamrun.config.load import config_dir
@@ -43,10 +44,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     for model in args.models.split(","):
         for solver in args.solvers.split(","):
             base = [f"model={model}", f"solver={solver}", f"hw={args.device}"]
-            free = _run(base)
+            free = run_quiet(base)
             limit = int(free.metrics["working_peak_bytes"] / 10)
             try:
-                capped = _run(base + [f"memory.limit={limit}"])
+                capped = run_quiet(base + [f"memory.limit={limit}"])
             except TamrunError as error:  # a route whose smallest system does not fit is a recorded outcome
                 capped = None
                 rows.append(f"| {model} | {solver} | {free.route} | {limit / mib:.2f} | does not fit: {error} |"

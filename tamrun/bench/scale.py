@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from tamrun.bench.memory import _run
+from tamrun.bench.memory import run_quiet
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -31,7 +31,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "| trees T | leaves | D | route | fit s | predicted peak MiB | measured peak MiB | test RMSE MW |",
             "|---|---|---|---|---|---|---|---|"]
     for trees in (int(t) for t in args.trees.split(",")):
-        result = _run(["model=forest_fourier", f"model.effects.forest_toy.left.n_trees={trees}",
+        result = run_quiet(["model=forest_fourier", f"model.effects.forest_toy.left.n_trees={trees}",
                        f"model.effects.forest_toy.left.max_depth={args.depth}", f"solver={args.solver}",
                        f"memory.limit={args.limit}", f"hw={args.device}"])
         m = result.metrics

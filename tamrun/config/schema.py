@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from tamrun.memory.units import parse_size
+
 
 class DType(str, Enum):
     float64 = "float64"
@@ -178,9 +180,17 @@ class MemoryConfig:
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
     # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
     max_chunk_rows: Optional[int] = 1024
+    # A chunk keeps all groups while this many rows (or all rows, if fewer) of every group fit;
+    # below that it holds fewer groups (the chunk selector, tamrun/memory/footprint.py).
+    min_chunk_rows: int = 1024
     # Count the exact tensor bytes of the solve and predict phases (their working peak).
     meter: bool = True
     oom: OomConfig = field(default_factory=OomConfig)
+
+    @property
+    def limit_bytes(self) -> Optional[int]:
+        """``limit`` in bytes (None: no cap); the one place it is parsed (ValueError if not a size)."""
+        return parse_size(self.limit)
 
 
 @dataclass
@@ -208,6 +218,9 @@ class SolverConfig:
     # join the dense product (a column costs about N^2 flops), the pairs of rows in the others are
     # scattered (s (s + 1) / 2 adds for a leaf of s rows).
     dual_scatter_max_leaf_rows: int = 96
+    # Dual form, wide forests: pairs of rows scattered at a time while the leaf counts are made (each
+    # pair costs about 44 bytes of temporaries, see tamrun/memory/footprint.py).
+    dual_scatter_pairs_per_step: int = 1 << 20
     # Dual form: the dtype of that dense product; bfloat16 is exact for forests of at most 256 trees
     # (float32 is used beyond) and several times faster on CPUs and GPUs with bfloat16 arithmetic.
     dual_counts_dtype: CountDType = CountDType.bfloat16

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -11,11 +12,12 @@ from tamrun.config.schema import DerivedColumn
 from tamrun.errors import DataError
 
 
-def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str) -> pd.DataFrame:
+def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
+                        origin: Optional[pd.Timestamp] = None) -> pd.DataFrame:
     """Return a copy of ``frame`` with each derived column appended, in config order.
 
-    ``time_index``: (date - first date) / unit, a float; ``isin``: 1.0 where ``column`` is one of
-    ``values``; ``expr``: ``frame.eval(expr)`` as float.
+    ``time_index``: (date - origin) / unit, a float (origin: the frame's first date unless given);
+    ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: ``frame.eval(expr)`` as float.
     """
     out = frame.copy()
     for name, spec in derived.items():
@@ -26,7 +28,7 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             except ValueError:
                 raise DataError(f"{field}.unit", spec.unit, "not a time unit", "use D, h, min or s") from None
             dates = out[date_column]
-            out[name] = ((dates - dates.min()) / unit).astype(np.float64)
+            out[name] = ((dates - (dates.min() if origin is None else origin)) / unit).astype(np.float64)
         elif spec.kind == "isin":
             if spec.column not in out.columns:
                 raise DataError(f"{field}.column", spec.column, "no such column in the data",
@@ -39,3 +41,25 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
                 raise DataError(f"{field}.expr", spec.expr, f"the expression cannot be evaluated ({exc})",
                                 "write a pandas expression over existing columns, e.g. 'day_type_week >= 5'") from None
     return out
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    """What turns a raw table into the rows a fitted model reads: the derived columns (a time index
+    counts from ``origin``, the first date of the table the model was fitted from), the date, target
+    and group columns (data config)."""
+
+    derived: Dict[str, DerivedColumn]
+    date_column: str
+    target: str
+    group: Optional[str]
+    origin: Optional[pd.Timestamp]
+
+    def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``frame`` with the derived columns it lacks (a copy when any is added)."""
+        missing = {name: spec for name, spec in self.derived.items() if name not in frame.columns}
+        if not missing:
+            return frame
+        if self.date_column in frame.columns and not pd.api.types.is_datetime64_any_dtype(frame[self.date_column]):
+            frame = frame.assign(**{self.date_column: pd.to_datetime(frame[self.date_column])})
+        return add_derived_columns(frame, missing, self.date_column, self.origin)

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from tamrun.config.effects import CategoricalSpec
-from tamrun.effects.base import Effect
+from tamrun.effects.base import ColumnEffect
 from tamrun.effects.fourier import fourier_features, sobolev_weights
 
 
-class CategoricalEffect(Effect):
+class CategoricalEffect(ColumnEffect):
     scaled_input = False
 
     def __init__(self, name: str, spec: CategoricalSpec) -> None:

@@ -9,13 +9,13 @@ A forest side is always put first: forest x dense is an `IndexedBlock` with T D_
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
 
 from tamrun.config.effects import CrossingSpec
-from tamrun.effects.base import Effect
+from tamrun.effects.base import Effect, IndexedEffect
 from tamrun.effects.indexed import IndexedBlock
 
 
@@ -24,12 +24,11 @@ def as_matrix(structure: torch.Tensor) -> torch.Tensor:
 
 
 class CrossingEffect(Effect):
+    """A crossing of two dense effects: a dense block of D_a D_b columns."""
+
     def __init__(self, name: str, spec: CrossingSpec, left: Effect, right: Effect) -> None:
-        if right.indexed:  # the forest goes first
-            left, right = right, left
         super().__init__(name, left.column, spec.ap)
         self.left, self.right = left, right
-        self.indexed = left.indexed
 
     @property
     def columns(self) -> List[str]:
@@ -40,17 +39,8 @@ class CrossingEffect(Effect):
         return self.left.width * self.right.width
 
     @property
-    def slots(self) -> int:
-        return getattr(self.left, "slots", 0)
-
-    @property
-    def grid_q(self) -> int:
-        """Columns per grid row of an indexed crossing: the dense side's width."""
-        return self.right.width
-
-    @property
     def work_width(self) -> int:
-        return self.left.work_width + self.right.width + self.right.work_width + self.width * (not self.indexed)
+        return self.left.work_width + self.right.width + self.right.work_width + self.width
 
     def _split(self, values):
         cut = len(self.left.columns)
@@ -61,19 +51,10 @@ class CrossingEffect(Effect):
         self.left.fit(raw_a, scaled_a)
         self.right.fit(raw_b, scaled_b)
 
-    def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor) -> IndexedBlock:
-        (raw_a, raw_b), (scaled_a, scaled_b) = self._split(raw), self._split(scaled)
-        return self.left.indexed_block(raw_a, scaled_a, factor=self.right.block(raw_b, scaled_b))
-
     def block(self, raw: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
-        if self.indexed:
-            return self.indexed_block(raw, scaled).to_dense().to(scaled.dtype)
         (raw_a, raw_b), (scaled_a, scaled_b) = self._split(raw), self._split(scaled)
         a, b = self.left.block(raw_a, scaled_a), self.right.block(raw_b, scaled_b)
         return (a.unsqueeze(-1) * b.unsqueeze(-2)).reshape(a.shape[:-1] + (self.width,))
-
-    def design(self, x: torch.Tensor) -> torch.Tensor:
-        raise TypeError("a crossing reads several columns: use block(raw, scaled)")
 
     def structure(self) -> torch.Tensor:
         sa, sb = self.left.lam * self.left.structure(), self.right.lam * self.right.structure()
@@ -83,8 +64,44 @@ class CrossingEffect(Effect):
         ib = torch.eye(self.right.width, dtype=torch.float64)
         return torch.kron(as_matrix(sa), ib) + torch.kron(ia, as_matrix(sb))
 
+
+class ForestCrossingEffect(CrossingEffect, IndexedEffect):
+    """An indexed effect (a forest) crossed with a dense one: an `IndexedBlock` whose grid rows are
+    the forest's leaves and whose Q = D_b columns per leaf are the dense side's block."""
+
+    left: IndexedEffect
+
+    @property
+    def slots(self) -> int:
+        return self.left.slots
+
+    @property
+    def grid_q(self) -> int:
+        """Columns per grid row: the dense side's width."""
+        return self.right.width
+
+    @property
+    def work_width(self) -> int:
+        return self.left.work_width + self.right.width + self.right.work_width
+
+    def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor,
+                      factor: Optional[torch.Tensor] = None) -> IndexedBlock:
+        (raw_a, raw_b), (scaled_a, scaled_b) = self._split(raw), self._split(scaled)
+        return self.left.indexed_block(raw_a, scaled_a, factor=self.right.block(raw_b, scaled_b))
+
+    def block(self, raw: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+        return IndexedEffect.block(self, raw, scaled)
+
     def grid_penalty(self) -> torch.Tensor:
-        """M with P / lambda = kron(I_R, M) (forest crossings, whose forest structure is I):
-        lambda_a I + lambda_b P_b."""
+        """M with P / lambda = kron(I_R, M) (the forest's structure is I): lambda_a I + lambda_b P_b."""
         return (self.left.lam * torch.eye(self.right.width, dtype=torch.float64)
                 + self.right.lam * as_matrix(self.right.structure()))
+
+
+def crossing(name: str, spec: CrossingSpec, left: Effect, right: Effect) -> CrossingEffect:
+    """The crossing of two effects; an indexed side (a forest) goes first and makes it indexed."""
+    if isinstance(right, IndexedEffect):
+        left, right = right, left
+    if isinstance(left, IndexedEffect):
+        return ForestCrossingEffect(name, spec, left, right)
+    return CrossingEffect(name, spec, left, right)

@@ -12,11 +12,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from tamrun.data.batch import GroupedBatch, RangeScaler
-from tamrun.effects.base import Effect
+from tamrun.effects.base import Effect, IndexedEffect
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock
-from tamrun.effects.indexed import SORT_SLOTS
-
-INDEX_BYTES = 8  # int64 leaf indices
 
 
 @dataclass
@@ -26,17 +23,6 @@ class Block:
     name: str
     start: int
     stop: int
-
-
-@dataclass(frozen=True)
-class RowBytes:
-    """Bytes per row of a chunk, per group: to build it, to keep it (CG cache), the extra temporaries
-    of its Gram (direct route) and of one product Phi v / Phi' u (CG, prediction)."""
-
-    build: int
-    store: int
-    gram: int
-    apply: int
 
 
 class AdditiveDesign:
@@ -54,8 +40,8 @@ class AdditiveDesign:
         self.intercept_lam = 10.0 ** intercept_ap
         self.scaler: Optional[RangeScaler] = None
         self._col = {name: i for i, name in enumerate(self.columns)}
-        self.dense_effects = [e for e in self.effects if not e.indexed]
-        self.indexed_effects = [e for e in self.effects if e.indexed]
+        self.dense_effects: List[Effect] = [e for e in self.effects if not isinstance(e, IndexedEffect)]
+        self.indexed_effects: List[IndexedEffect] = [e for e in self.effects if isinstance(e, IndexedEffect)]
 
     def _index(self, effect: Effect) -> List[int]:
         return [self._col[c] for c in effect.columns]
@@ -148,55 +134,6 @@ class AdditiveDesign:
     def penalty(self) -> torch.Tensor:
         """P (D, D) float64 on the CPU (small problems and tests)."""
         return self.penalty_operator().dense()
-
-    # ---- footprint ---------------------------------------------------------------------------------
-    @property
-    def peak_row_width(self) -> int:
-        """Dense columns per row held at the peak of building the dense part (scaled features
-        excluded): the blocks built so far plus the one being built and its temporaries, or all
-        blocks plus their concatenation: max(2 Dd, max_j (blocks before j + D_j + work_j))."""
-        built, peak = int(self.intercept), 0
-        for effect in self.dense_effects:
-            peak = max(peak, built + effect.width + effect.work_width)
-            built += effect.width
-        return max(peak, 2 * self.dense_width)
-
-    def row_bytes(self, itemsize: int) -> RowBytes:
-        """Per-row bytes (per group) of a chunk of this design, see `RowBytes`. With s = itemsize,
-        F features, Dd dense columns, and per indexed block T slots, Q columns per grid row, C columns:
-
-            build  max(dense phase (F + peak_row_width) s,
-                       (F + Dd) s + blocks kept so far + 2 C s (its columns, raw and scaled) + Q s (Q > 1)
-                       + max(leaf_index: 4T + T s + T, int32 leaves and flat index: 8T))
-            store  Dd s + per block 16T + Q s: the flat index (O's indices, 4T), O' (indices 4T, ones
-                   shared with O 8T), the row values
-            apply  2 s + max(Dd s, per block max(4 Q s, 48 min(T, SORT_SLOTS) + 2 Q s): the products, or
-                   O' being built with the row values)
-        """
-        s = itemsize
-        features, dd = len(self.columns), self.dense_width
-        build = (features + self.peak_row_width) * s
-        held = (features + dd) * s
-        store, apply, gram = dd * s, dd * s, 0
-        for effect in self.indexed_effects:
-            t, q, cols = effect.slots, effect.grid_q, len(effect.columns)
-            factor = q * s if q > 1 else 0
-            leaves = 4 * t + t * s + t
-            build = max(build, held + 2 * cols * s + factor + max(leaves, 8 * t))
-            kept = 16 * t + q * s
-            held += kept
-            store += kept
-            apply = max(apply, 4 * q * s, 48 * min(t, SORT_SLOTS) + 2 * q * s)
-            gram += t * q * dd * s * 2 + t * INDEX_BYTES
-            for other in self.indexed_effects:
-                gram += t * other.slots * (2 * q * other.grid_q * s + 3 * INDEX_BYTES)
-        return RowBytes(build, store, gram, 2 * s + apply)
-
-    def kernel_row_bytes(self, itemsize: int) -> int:
-        """Per-row bytes of the dual route's whitened rows (`tamrun.solve.dual.KernelFeatures`) with
-        their concatenation temporaries, and the weighted target and alpha: (2 Dd + sum 2 Q + 2) s + sum 8 T."""
-        s = itemsize
-        return (2 * self.dense_width + 2) * s + sum(2 * e.grid_q * s + 8 * e.slots for e in self.indexed_effects)
 
 def needed_columns(effects: Sequence[Effect]) -> List[str]:
     """The feature columns the effects read, first-seen order."""

@@ -17,13 +17,11 @@ import numpy as np
 import torch
 
 from tamrun.config.effects import ForestSpec
-from tamrun.effects.base import Effect
+from tamrun.effects.base import IndexedEffect
 from tamrun.effects.indexed import IndexedBlock
 
 
-class ForestEffect(Effect):
-    indexed = True
-
+class ForestEffect(IndexedEffect):
     def __init__(self, name: str, spec: ForestSpec, seed: int) -> None:
         super().__init__(name, spec.column, spec.ap)
         self.others = list(spec.others or [])
@@ -101,13 +99,6 @@ class ForestEffect(Effect):
                       factor: Optional[torch.Tensor] = None) -> IndexedBlock:
         """The leaves as an `IndexedBlock`; ``factor`` (..., n, Q) weights each leaf's Q columns (crossings)."""
         return IndexedBlock(self.leaf_index(scaled), self.width, 1.0 / math.sqrt(self.n_trees), factor=factor)
-
-    def block(self, raw: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
-        block = self.indexed_block(raw, scaled)
-        return block.to_dense().to(scaled.dtype)
-
-    def design(self, x: torch.Tensor) -> torch.Tensor:
-        raise TypeError("a forest reads its columns together: use block(raw, scaled) or indexed_block")
 
     def structure(self) -> torch.Tensor:
         return torch.ones(self.width, dtype=torch.float64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from tamrun.config.effects import FourierSpec
-from tamrun.effects.base import Effect
+from tamrun.effects.base import ColumnEffect
 
 
 def fourier_features(z: torch.Tensor, m: int, period_factor: float) -> torch.Tensor:
@@ -26,7 +26,7 @@ def sobolev_weights(m: int, s: float) -> torch.Tensor:
     return torch.cat([w, w])
 
 
-class FourierEffect(Effect):
+class FourierEffect(ColumnEffect):
     def __init__(self, name: str, spec: FourierSpec) -> None:
         super().__init__(name, spec.column, spec.ap)
         self.m, self.s = spec.m, spec.s

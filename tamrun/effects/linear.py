@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from tamrun.config.effects import LinearSpec
-from tamrun.effects.base import Effect
+from tamrun.effects.base import ColumnEffect
 
 
-class LinearEffect(Effect):
+class LinearEffect(ColumnEffect):
     def __init__(self, name: str, spec: LinearSpec) -> None:
         super().__init__(name, spec.column, spec.ap)
         self.scale = spec.scale

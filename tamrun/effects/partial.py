@@ -8,15 +8,15 @@ import numpy as np
 import torch
 
 from tamrun.data.batch import GroupedBatch
-from tamrun.effects.design import AdditiveDesign
+from tamrun.fitted import FittedModel, predict_rows
 
 
-def partial_effect_curves(design: AdditiveDesign, coef: torch.Tensor, train: GroupedBatch, points: int = 100,
-                          max_levels: int = 30, group_chunk: int = 0) -> List[dict]:
+def partial_effect_curves(model: FittedModel, train: GroupedBatch, device: torch.device = torch.device("cpu"),
+                          points: int = 100, max_levels: int = 30) -> List[dict]:
     """For every effect, its contribution (G, n) along ``points`` values spanning the training range of
     its first column (or along the column's levels when it has at most ``max_levels`` values), the
-    other columns held at their training median; ``group_chunk`` groups at a time (0: all; the
-    runner passes the fit's chunk, which fitted in memory).
+    other columns held at their training median; predicted on ``device`` in the model's chunks (which
+    fitted in memory).
 
     Returns dicts with ``name``, ``column``, ``grid``, ``values`` (G, n), ``data`` (the column's
     training values) and ``discrete``.
@@ -25,7 +25,7 @@ def partial_effect_curves(design: AdditiveDesign, coef: torch.Tensor, train: Gro
     values = train.x[real]  # (rows, F)
     median = values.median(dim=0).values
     n_groups, n_features = train.x.shape[0], train.x.shape[2]
-    device = design.scaler.center.device
+    design, coef = model.design, model.coef
     slices = dict(design.block_slices())
     curves = []
     for effect in design.effects:
@@ -39,10 +39,7 @@ def partial_effect_curves(design: AdditiveDesign, coef: torch.Tensor, train: Gro
         x[..., index] = torch.as_tensor(grid, dtype=x.dtype)
         only = torch.zeros_like(coef)
         only[:, slices[effect.name]] = coef[:, slices[effect.name]]
-        only = only.to(device=device, dtype=x.dtype)
-        step = group_chunk if group_chunk > 0 else n_groups
-        contribution = torch.cat([design.chunk(x[g0:g0 + step].to(device), slice(g0, g0 + step))
-                                  .matvec(only[g0:g0 + step]).cpu() for g0 in range(0, n_groups, step)])
+        contribution = predict_rows(design, only, x, device, model.group_chunk, model.row_chunk)
         curves.append({"name": effect.name, "column": column, "grid": grid, "values": contribution.numpy(),
                        "data": data, "discrete": discrete})
     return curves

@@ -9,7 +9,7 @@ from tamrun.config.effects import (CategoricalSpec, CrossingSpec, ForestSpec, Fo
                                    SplineSpec)
 from tamrun.effects.base import Effect
 from tamrun.effects.categorical import CategoricalEffect
-from tamrun.effects.crossing import CrossingEffect
+from tamrun.effects.crossing import crossing
 from tamrun.effects.forest import ForestEffect
 from tamrun.effects.fourier import FourierEffect
 from tamrun.effects.linear import LinearEffect
@@ -28,7 +28,7 @@ def build_effect(name: str, spec: Any, seed: int = 0) -> Effect:
     if isinstance(spec, ForestSpec):
         return ForestEffect(name, spec, seed)
     if isinstance(spec, CrossingSpec):
-        return CrossingEffect(name, spec, build_effect(f"{name}.left", spec.left, seed),
+        return crossing(name, spec, build_effect(f"{name}.left", spec.left, seed),
                               build_effect(f"{name}.right", spec.right, seed + 1))
     return EFFECT_CLASSES[type(spec)](name, spec)
 

@@ -15,7 +15,7 @@ from typing import List
 import torch
 
 from tamrun.config.effects import SplineSpec
-from tamrun.effects.base import Effect
+from tamrun.effects.base import ColumnEffect
 
 
 def clamped_knots(k: int, deg: int) -> torch.Tensor:
@@ -96,7 +96,7 @@ def difference_penalty(width: int, order: int) -> torch.Tensor:
     return diff.T @ diff
 
 
-class SplineEffect(Effect):
+class SplineEffect(ColumnEffect):
     def __init__(self, name: str, spec: SplineSpec) -> None:
         super().__init__(name, spec.column, spec.ap)
         self.k, self.deg, self.p = spec.k, spec.deg, spec.p

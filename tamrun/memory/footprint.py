@@ -1,10 +1,12 @@
-"""Byte footprints of every planned allocation, written as coefficients of the problem's sizes.
+"""Byte footprints of every planned allocation, written as coefficients of the problem's sizes, and
+the one chunk selector that turns them into chunk sizes (Falkon's ``select_dim_over_n``, for two
+dimensions: groups and rows, or groups and windows).
 
-Symbols: g groups in a chunk, r rows in a chunk, N rows per group (padded), D design width,
-s bytes per element (8 float64, 4 float32), and the design's per-row bytes (`RowBytes`, from
-`AdditiveDesign.row_bytes`): build (scaled features, the dense blocks at their peak, leaf indices and
-their temporaries), store (what a cached row keeps), gram (the direct route's scatter temporaries
-for indexed blocks), apply (one product Phi v or Phi' u). Per group:
+Symbols: g groups in a chunk, r rows in a chunk, N rows per group (padded), D design width, Dd its
+dense columns, F feature columns, s bytes per element (8 float64, 4 float32), and the design's
+per-row bytes (`RowBytes`, `design_row_bytes`): build (scaled features, the dense blocks at their
+peak, leaf indices and their temporaries), store (what a cached row keeps), gram (the direct route's
+scatter temporaries for indexed blocks), apply (one product Phi v or Phi' u). Per group:
 
     direct          fixed (2 D^2 + 4 D) s            Gram + rhs, Cholesky factor, solution
                     per row max(build, store + max(gram, apply))
@@ -13,21 +15,45 @@ for indexed blocks), apply (one product Phi v or Phi' u). Per group:
                     the leaf indicators and one tile's temporaries (`kernel_build_bytes`), then K and
                     its factor; all N rows of the group kept, with their whitened copies); per row
                     build; one group per chunk
-    cg, cached      fixed (8 D + 3 K) s + N store    CG vectors, block-Jacobi blocks (K = Dd^2 if Dd <= 512,
-                                                     plus R Q^2 per forest crossing); W Phi kept between iterations
+    cg, cached      fixed (8 D + 3 K) s + N store    CG vectors, block-Jacobi blocks (K = Dd^2 if Dd <=
+                                                     solver.block_max_dim, plus R Q^2 per forest crossing);
+                                                     W Phi kept between iterations
                     per row max(build - store, apply) the chunk being built becomes part of the cache
     cg, rebuilt     fixed (8 D + 3 K) s, per row build + apply
     predict         fixed D s, per row max(build, store + apply) + s; plus the (G, N) predictions
+    window batch    see `window_costs` (the adaptive mode's batches of windows x groups)
 
-A step's footprint is g * (fixed + r * per row), times the overhead factor (default 1.1).
+A step's footprint is g * (fixed + r * per row), times the overhead factor (memory.overhead_factor).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
-from tamrun.effects.design import RowBytes
+import torch
+
+from tamrun.config.schema import SolverConfig
+from tamrun.effects.indexed import SORT_SLOTS
+from tamrun.solve.dual import count_dtype
+
+if TYPE_CHECKING:  # typing only: the design is read through its declared widths
+    from tamrun.effects.design import AdditiveDesign
+
+INDEX_BYTES = 8  # int64 leaf indices
+COUNT_PAIR_BYTES = 44  # the dual's scattered counts, per pair: left, right, their leaf's first entry, offsets, flat position (int64), a one (float32)
+COUNT_ENTRY_BYTES = 56  # per leaf entry (N T of them): the sort's order and keys, data row, first entry, size
+
+
+@dataclass(frozen=True)
+class RowBytes:
+    """Bytes per row of a chunk, per group: to build it, to keep it (CG cache), the extra temporaries
+    of its Gram (direct route) and of one product Phi v / Phi' u (CG, prediction)."""
+
+    build: int
+    store: int
+    gram: int
+    apply: int
 
 
 @dataclass(frozen=True)
@@ -41,35 +67,152 @@ class ProblemSize:
     row: RowBytes = field(default_factory=lambda: RowBytes(0, 0, 0, 0))
     n_predict_rows: int = 0
     preconditioner_elements: int = 0  # per group: the blocks block-Jacobi inverts (Dd^2 + sum R Q^2)
-    kernel_row: int = 0  # bytes per row of the dual route's whitened rows (`AdditiveDesign.kernel_row_bytes`)
+    kernel_row: int = 0  # bytes per row of the dual route's whitened rows (`kernel_row_bytes`)
     kernel_build: int = 0  # the dual's temporaries while K is built (`kernel_build_bytes`)
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """A step's footprint per group: ``fixed`` bytes plus ``per_row`` bytes per row of its chunk."""
+
+    fixed: int
+    per_row: int
+
+    def bytes(self, groups: int, rows: int, overhead: float) -> int:
+        return step_bytes(groups, rows, self.fixed, self.per_row, overhead)
+
+
+@dataclass(frozen=True)
+class WindowCost:
+    """What a batch of windows of ``groups`` groups holds: overhead x groups x (fixed + windows x
+    per_window); `bytes` has the signature of `StepCost.bytes` (rows unused) for the chunk loop."""
+
+    groups: int
+    fixed: int
+    per_window: int
+
+    def bytes(self, windows: int, rows: int = 0, overhead: float = 1.0) -> int:
+        return step_bytes(self.groups, windows, self.fixed, self.per_window, overhead)
+
+
+def step_bytes(groups: int, rows: int, fixed: int, per_row: int, overhead: float) -> int:
+    """overhead * groups * (fixed + rows * per_row)."""
+    return int(overhead * groups * (fixed + rows * per_row))
+
+
+def select_chunk(n_groups: int, n_rows: int, cost: StepCost, budget: int, overhead: float, floor_rows: int,
+                 regrow_rows: bool = True) -> Optional[Tuple[int, int]]:
+    """The largest (groups, rows) with overhead * groups * (fixed + rows * per_row) <= budget, or None
+    when one group of one row does not fit.
+
+    All ``n_groups`` are kept when a chunk of ``floor_rows`` rows fits for all of them, with as many
+    rows as fit (at most ``n_rows``); otherwise as many groups as fit with ``floor_rows`` rows, then as
+    many rows as fit for them (``regrow_rows``) or ``floor_rows``. Pure: no device is touched.
+    """
+    if cost.bytes(1, 1, overhead) > budget:
+        return None
+    if cost.bytes(n_groups, floor_rows, overhead) <= budget:
+        groups = n_groups
+    else:
+        groups = max(1, min(n_groups, int(budget // max(1, cost.bytes(1, floor_rows, overhead)))))
+        if not regrow_rows:
+            return groups, floor_rows
+    rows = int(((budget / overhead) / groups - cost.fixed) // cost.per_row)
+    return groups, max(1, min(rows, n_rows))
+
+
+# ---- the design's rows ---------------------------------------------------------------------------
+def peak_row_width(design: "AdditiveDesign") -> int:
+    """Dense columns per row held at the peak of building the dense part (scaled features
+    excluded): the blocks built so far plus the one being built and its temporaries, or all
+    blocks plus their concatenation: max(2 Dd, max_j (blocks before j + D_j + work_j))."""
+    built, peak = int(design.intercept), 0
+    for effect in design.dense_effects:
+        peak = max(peak, built + effect.width + effect.work_width)
+        built += effect.width
+    return max(peak, 2 * design.dense_width)
+
+
+def design_row_bytes(design: "AdditiveDesign", itemsize: int) -> RowBytes:
+    """Per-row bytes (per group) of a chunk of ``design``, see `RowBytes`. With s = itemsize, F
+    features, Dd dense columns, and per indexed block T slots, Q columns per grid row, C columns:
+
+        build  max(dense phase (F + peak_row_width) s,
+                   (F + Dd) s + blocks kept so far + 2 C s (its columns, raw and scaled) + Q s (Q > 1)
+                   + max(leaf_index: 4T + T s + T, int32 leaves and flat index: 8T))
+        store  Dd s + per block 16T + Q s: the flat index (O's indices, 4T), O' (indices 4T, ones
+               shared with O 8T), the row values
+        apply  2 s + max(Dd s, per block max(4 Q s, 48 min(T, SORT_SLOTS) + 2 Q s): the products, or
+               O' being built with the row values)
+    """
+    s = itemsize
+    features, dd = len(design.columns), design.dense_width
+    build = (features + peak_row_width(design)) * s
+    held = (features + dd) * s
+    store, apply, gram = dd * s, dd * s, 0
+    for effect in design.indexed_effects:
+        t, q, cols = effect.slots, effect.grid_q, len(effect.columns)
+        factor = q * s if q > 1 else 0
+        leaves = 4 * t + t * s + t
+        build = max(build, held + 2 * cols * s + factor + max(leaves, 8 * t))
+        kept = 16 * t + q * s
+        held += kept
+        store += kept
+        apply = max(apply, 4 * q * s, 48 * min(t, SORT_SLOTS) + 2 * q * s)
+        gram += t * q * dd * s * 2 + t * INDEX_BYTES
+        for other in design.indexed_effects:
+            gram += t * other.slots * (2 * q * other.grid_q * s + 3 * INDEX_BYTES)
+    return RowBytes(build, store, gram, 2 * s + apply)
+
+
+def kernel_row_bytes(design: "AdditiveDesign", itemsize: int) -> int:
+    """Per-row bytes of the dual route's whitened rows (`tamrun.solve.dual.KernelFeatures`) with
+    their concatenation temporaries, and the weighted target and alpha: (2 Dd + sum 2 Q + 2) s + sum 8 T."""
+    s = itemsize
+    return (2 * design.dense_width + 2) * s + sum(2 * e.grid_q * s + 8 * e.slots for e in design.indexed_effects)
+
+
+def problem_size(n_groups: int, n_rows: int, design: "AdditiveDesign", itemsize: int, solver: SolverConfig,
+                 n_predict_rows: int = 0) -> ProblemSize:
+    """The sizes the memory oracle plans with, for ``n_groups`` groups of ``n_rows`` (padded) rows."""
+    blocks = 0
+    if solver.preconditioner.value == "block_jacobi":
+        blocks = design.dense_width ** 2 if design.dense_width <= solver.block_max_dim else 0
+        blocks += sum(e.width * e.grid_q for e in design.indexed_effects if e.grid_q > 1)  # R Q^2
+    counts = getattr(torch, solver.dual_counts_dtype.value)
+    forests = [(e.slots, e.width // e.grid_q, count_dtype(e.slots, counts).itemsize,
+                e.width // e.grid_q > solver.dual_dense_counts_max) for e in design.indexed_effects]
+    kernel_build = kernel_build_bytes(n_rows, itemsize, solver.dual_tile_rows, forests,
+                                      solver.dual_scatter_max_leaf_rows, solver.dual_scatter_pairs_per_step)
+    return ProblemSize(n_groups=n_groups, n_rows=n_rows, width=design.width, itemsize=itemsize,
+                       row=design_row_bytes(design, itemsize), n_predict_rows=n_predict_rows,
+                       preconditioner_elements=blocks, kernel_row=kernel_row_bytes(design, itemsize),
+                       kernel_build=kernel_build)
+
+
+# ---- the routes' systems -------------------------------------------------------------------------
 def dense_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's dense normal equations and their Cholesky solve."""
     return (2 * p.width * p.width + 4 * p.width) * p.itemsize
 
 
-COUNT_PAIRS_PER_STEP = 1 << 20  # the dual's scattered leaf counts: pairs of rows scattered at a time
-COUNT_PAIR_BYTES = 44  # per pair: left, right, their leaf's first entry, offsets, flat position (int64), a one (float32)
-COUNT_ENTRY_BYTES = 56  # per leaf entry (N T of them): the sort's order and keys, data row, first entry, size
-
-
 def kernel_build_bytes(n_rows: int, itemsize: int, tile_rows: int,
-                       forests: Sequence[Tuple[int, int, int, bool]] = (), scatter_max_rows: int = 0) -> int:
+                       forests: Sequence[Tuple[int, int, int, bool]] = (), scatter_max_rows: int = 0,
+                       pairs_per_step: int = 0) -> int:
     """Temporaries of the dual's K built tile by tile (`tamrun.solve.dual.group_kernel`), per forest
     block (slots T, grid rows R, count itemsize c, wide: R > solver.dual_dense_counts_max), kept while
     K is built: the leaf indicator of the leaves in the dense product (N (R_d + 1) c, R_d = R, or for a
     wide forest at most N T / (scatter_max_rows + 1) leaves of more rows) and, for a wide forest, the
     scattered counts C (4 N^2), with the scatter's temporaries while C is made (COUNT_ENTRY_BYTES per
-    entry, COUNT_PAIR_BYTES per pair of a step); then one tile of b = min(tile_rows, N) rows: the
-    tile and one (G G') term (2 b N s), the product's tile (b N c) and, wide, its sum with C's (b N 4)."""
+    entry, COUNT_PAIR_BYTES per pair of a step of ``pairs_per_step``); then one tile of
+    b = min(tile_rows, N) rows: the tile and one (G G') term (2 b N s), the product's tile (b N c)
+    and, wide, its sum with C's (b N 4)."""
     rows = min(tile_rows, n_rows)
     kept, making, counts_tile = 0, 0, 0
     for slots, grid_rows, count_itemsize, wide in forests:
         dense_leaves = min(grid_rows, n_rows * slots // (scatter_max_rows + 1)) if wide else grid_rows
         if wide:
-            making = max(making, kept + COUNT_ENTRY_BYTES * n_rows * slots + COUNT_PAIR_BYTES * COUNT_PAIRS_PER_STEP)
+            making = max(making, kept + COUNT_ENTRY_BYTES * n_rows * slots + COUNT_PAIR_BYTES * pairs_per_step)
             kept += 4 * n_rows * n_rows
         kept += n_rows * (dense_leaves + 1) * count_itemsize
         counts_tile = max(counts_tile, rows * n_rows * (count_itemsize + (4 if wide else 0)))
@@ -114,6 +257,27 @@ def predict_output_bytes(p: ProblemSize) -> int:
     return max(p.n_predict_rows, p.n_rows) * p.itemsize * p.n_groups
 
 
-def step_bytes(groups: int, rows: int, fixed: int, per_row: int, overhead: float) -> int:
-    """overhead * groups * (fixed + rows * per_row)."""
-    return int(overhead * groups * (fixed + rows * per_row))
+def gathered_row_bytes(n_features: int, itemsize: int) -> int:
+    """Bytes of one row gathered into a window's batch: its features, target and weight, (F + 2) s."""
+    return (n_features + 2) * itemsize
+
+
+def window_costs(p: ProblemSize, n_features: int, step_rows: int, updating: bool, fit_rows: int) -> Tuple[int, int]:
+    """(fixed, per window) bytes per group of a batch of windows (the adaptive mode), with W = the
+    longest window (p.n_rows), A = ``step_rows`` (the most rows added + removed between two windows),
+    H the longest forecast (p.n_predict_rows), r the gathered row (`gathered_row_bytes`):
+
+        updating (direct, primal)  fixed      W r + (2 D^2 + 4 D) s + min(W, fit_rows) direct_row
+                                              (one window's Gram from its rows)
+                                   per window (2 D^2 + 4 D) s + A (r + direct_row) + H (r + predict_row)
+                                              (the added and removed rows' Grams, the Grams and
+                                              their factors, the forecast)
+        cg / dual                  fixed 0, per window W r + H (r + predict_row); the fit's own chunks
+                                   are charged by its dispatcher
+    """
+    row = gathered_row_bytes(n_features, p.itemsize)
+    predict = p.n_predict_rows * (row + predict_row_bytes(p))
+    if not updating:
+        return 0, p.n_rows * row + predict
+    fixed = p.n_rows * row + dense_system_bytes(p) + min(p.n_rows, fit_rows) * direct_row_bytes(p)
+    return fixed, dense_system_bytes(p) + step_rows * (row + direct_row_bytes(p)) + predict

@@ -6,6 +6,11 @@ The step is re-run outside the ``except`` block (so the failed attempt's tensors
 each event is recorded, and after ``max_retries`` (or at size 1) a `MemoryBudgetError` names the
 memory the step needed and the settings to change. Environment variables OOM_MAX_RETRIES,
 OOM_SIZE_FACTOR, OOM_DELAY_MS and OOM_VERBOSE override the config.
+
+`ChunkLoop` is the one loop over chunks of units (groups, windows) that every fit, prediction and
+window batch runs through: each chunk is charged its planned footprint to the `MemoryTracker`,
+guarded by `retry_on_oom`, then reported to the memory timeline (a snapshot label) and to the
+progress callback ``(phase, done, total)``.
 """
 
 from __future__ import annotations
@@ -16,16 +21,20 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, List, Optional, Tuple, Type, TypeVar
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type, TypeVar
 
 import torch
 
 from tamrun.config.schema import OomConfig
 from tamrun.errors import ConfigError, MemoryBudgetError
+from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import format_size
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Progress of a chunked phase: (phase, units done, units in all).
+ProgressCallback = Callable[[str, int, int], None]
 
 
 def oom_exception_types() -> Tuple[Type[BaseException], ...]:
@@ -131,3 +140,59 @@ def retry_on_oom(step: Callable[[int], T], size: int, policy: OomConfig, phase: 
             attempt + 1, policy.max_retries, delay)
         sleep(delay / 1000.0)
         size, attempt = new_size, attempt + 1
+
+
+class ChunkCost(Protocol):
+    """A chunk's planned footprint: ``bytes(units, rows, overhead)``."""
+
+    def bytes(self, units: int, rows: int, overhead: float) -> int: ...
+
+
+def no_snapshot(label: str) -> None:
+    """A memory-timeline callback that records nothing."""
+
+
+def no_progress(phase: str, done: int, total: int) -> None:
+    """A progress callback that reports nothing."""
+
+
+class ChunkLoop:
+    """Runs ``step(start, size)`` over ``total`` units in chunks, each under the tracker and the OOM
+    guard; the chunk size an OOM taught a phase is kept for that phase's next call.
+
+    Args:
+        policy, oom_log: the retry settings (`oom_settings`) and the run's OOM event log.
+        tracker: the budget each chunk is charged to (its overhead factor also prices the chunk
+            quoted when the guard gives up).
+        free_memory: empties the device's cache after an OOM.
+        snapshot: called with a label after each chunk (the memory timeline).
+        progress: called with (phase, done, total) after each chunk.
+    """
+
+    def __init__(self, policy: OomConfig, oom_log: OomLog, tracker: MemoryTracker,
+                 free_memory: Callable[[], None] = lambda: None, snapshot: Callable[[str], None] = no_snapshot,
+                 progress: ProgressCallback = no_progress) -> None:
+        self.policy, self.oom_log, self.tracker = policy, oom_log, tracker
+        self.free_memory, self.snapshot, self.progress = free_memory, snapshot, progress
+        self.learned: Dict[str, int] = {}  # phase -> the chunk size an OOM taught
+
+    def run(self, step: Callable[[int, int], None], total: int, chunk: int, phase: str, cost: ChunkCost,
+            rows: int = 0, unit: str = "groups") -> int:
+        """Run ``step`` over ``total`` units starting with chunks of ``chunk``, each charged
+        ``cost.bytes(size, rows, 1.0)``; returns the chunk size that was kept."""
+        chunk = min(chunk, self.learned.get(phase, chunk))
+        start = 0
+        while start < total:
+            def attempt(size: int, start: int = start) -> Tuple[int, int]:
+                take = min(size, total - start)
+                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{phase} of {take} {unit}"):
+                    step(start, take)
+                self.snapshot(f"{phase} {unit} {start}..{start + take - 1}")
+                self.progress(phase, start + take, total)
+                return take, size
+
+            done, chunk = retry_on_oom(attempt, chunk, self.policy, phase, self.oom_log, free_memory=self.free_memory,
+                                       needed_bytes=lambda size: cost.bytes(size, rows, self.tracker.overhead_factor))
+            start += done
+        self.learned[phase] = chunk
+        return chunk

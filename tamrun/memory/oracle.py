@@ -1,10 +1,12 @@
-"""The memory oracle: applies the waterfall (DESIGN.md section 4) to the byte footprints.
+"""The memory oracle: applies the memory waterfall (docs/architecture.md) to the byte footprints of
+`tamrun.memory.footprint`.
 
 Step 1 picks the route: dense direct if the dense system's dimension (D, or N in the dual form when
-a group has fewer rows N than columns D and solver.dual is on) is <= max_dense_dim and one group's
-dense system (plus a one-row chunk) fits in dense_fraction of the free memory, else matrix-free CG.
-Step 2 picks the chunks: the largest (groups, rows) whose footprint fits in chunk_fraction of the
-free memory (GPU 0.9, CPU 0.7). A user limit caps the free memory in both steps.
+a group has fewer rows N than columns D and solver.dual is on) is <= memory.max_dense_dim and one
+group's dense system (plus a one-row chunk) fits in memory.dense_fraction of the free memory, else
+matrix-free CG. Step 2 picks the chunks (`select_chunk`): the largest (groups, rows) whose footprint
+fits in memory.chunk_fraction_gpu / _cpu of the free memory. The user's memory.limit caps the free
+memory in both steps (here, and only here).
 """
 
 from __future__ import annotations
@@ -15,23 +17,12 @@ from typing import Optional, Tuple
 
 from tamrun.config.schema import MemoryConfig
 from tamrun.errors import MemoryBudgetError
-from tamrun.memory.footprint import (ProblemSize, cg_cache_bytes, cg_row_bytes, cg_system_bytes, dense_system_bytes,
-                                     direct_row_bytes, dual_system_bytes, predict_output_bytes, predict_row_bytes,
-                                     step_bytes)
+from tamrun.memory.footprint import (ProblemSize, StepCost, cg_cache_bytes, cg_row_bytes, cg_system_bytes,
+                                     dense_system_bytes, direct_row_bytes, dual_system_bytes, predict_output_bytes,
+                                     predict_row_bytes, select_chunk, step_bytes)
 from tamrun.memory.units import format_size
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """A step's footprint per group: ``fixed`` bytes plus ``per_row`` bytes per row of its chunk."""
-
-    fixed: int
-    per_row: int
-
-    def bytes(self, groups: int, rows: int, overhead: float) -> int:
-        return step_bytes(groups, rows, self.fixed, self.per_row, overhead)
 
 
 @dataclass(frozen=True)
@@ -55,13 +46,13 @@ class Plan:
     budget: int
     free: int
     predicted_peak: int
-    minimal_limit: int = 0  # the smallest memory.limit this run can be planned in (smallest chunks)
-    fit_cost: StepCost = StepCost(0, 0)
-    predict_cost: StepCost = StepCost(0, 0)
-    overhead: float = 1.1
-    chunk_fraction: float = 0.7
-    predict_output: int = 0  # bytes of the (G, N) predictions, held through the predict step
-    dual: bool = False  # direct route in the dual form: one N x N system per group (N < D)
+    minimal_limit: int  # the smallest memory.limit this run can be planned in (smallest chunks)
+    fit_cost: StepCost
+    predict_cost: StepCost
+    overhead: float  # memory.overhead_factor
+    chunk_fraction: float  # memory.chunk_fraction_gpu / _cpu (or window_fraction_* for window batches)
+    predict_output: int  # bytes of the (G, N) predictions, held through the predict step
+    dual: bool  # direct route in the dual form: one N x N system per group (N < D)
 
     @property
     def plan_limit(self) -> int:
@@ -87,37 +78,26 @@ class Plan:
 
 
 def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: int, budget: int,
-               overhead: float, max_rows: Optional[int] = None, what: str = "fit",
+               overhead: float, min_rows: int, max_rows: Optional[int] = None, what: str = "fit",
                minimal_limit: Optional[int] = None, limit: Optional[int] = None) -> ChunkPlan:
-    """Largest (groups, rows) with overhead * groups * (fixed + rows * row) <= budget.
-
-    All groups are kept if a chunk of ``min(n_rows, max_rows, 1024)`` rows fits for all of them, with
-    as many rows as fit; otherwise as many groups as fit with that many rows; otherwise one group with
-    as many rows as fit. Pure function: no device is touched.
+    """Largest (groups, rows) with overhead * groups * (fixed + rows * row) <= budget (`select_chunk`,
+    all groups kept while ``min(n_rows, max_rows, min_rows)`` rows fit for all of them).
 
     Raises:
         MemoryBudgetError: not even one group with one row fits (the message gives the minimum).
     """
     rows_cap = n_rows if max_rows is None else max(1, min(n_rows, max_rows))
-
-    def cost(g: int, r: int) -> int:
-        return step_bytes(g, r, per_group_fixed, per_group_row, overhead)
-
-    if cost(1, 1) > budget:
+    cost = StepCost(per_group_fixed, per_group_row)
+    chunk = select_chunk(n_groups, rows_cap, cost, budget, overhead, floor_rows=min(rows_cap, min_rows))
+    if chunk is None:
         need = f"at least {format_size(minimal_limit)}" if minimal_limit else f"more than {format_size(budget)}"
         raise MemoryBudgetError("memory.limit", format_size(limit) if limit is not None else None,
-                                f"the {what} step needs {format_size(cost(1, 1))} for its smallest chunk (one group, "
-                                f"one row) but its budget (the chunk fraction of the free memory under the limit) "
-                                f"is {format_size(budget)}",
+                                f"the {what} step needs {format_size(cost.bytes(1, 1, overhead))} for its smallest "
+                                "chunk (one group, one row) but its budget (the chunk fraction of the free memory "
+                                f"under the limit) is {format_size(budget)}",
                                 f"raise memory.limit to {need}, or free memory")
-    floor_rows = min(rows_cap, 1024)
-    if cost(n_groups, floor_rows) <= budget:
-        groups = n_groups
-    else:
-        groups = max(1, min(n_groups, int(budget // max(1, cost(1, floor_rows)))))
-    rows = int(((budget / overhead) / groups - per_group_fixed) // per_group_row)
-    rows = max(1, min(rows, rows_cap))
-    return ChunkPlan(groups, rows, cost(groups, rows))
+    groups, rows = chunk
+    return ChunkPlan(groups, rows, cost.bytes(groups, rows, overhead))
 
 
 class MemoryOracle:
@@ -134,9 +114,11 @@ class MemoryOracle:
         self.limit = limit
         self.chunk_fraction = cfg.chunk_fraction_gpu if on_gpu else cfg.chunk_fraction_cpu
 
-    def capped_free(self, free: int) -> int:
-        """Free memory seen through the user's limit."""
-        return free if self.limit is None else min(free, self.limit)
+    def capped_free(self, free: int, held: int = 0) -> int:
+        """Free memory seen through the user's limit: min(free, limit - held), ``held`` the bytes
+        already counted against the limit (tensors on a GPU; 0 on the CPU, where the limit bounds
+        the working memory only)."""
+        return free if self.limit is None else max(0, min(free, self.limit - held))
 
     @staticmethod
     def dual_form(size: ProblemSize, dual: bool) -> bool:
@@ -182,12 +164,14 @@ class MemoryOracle:
         """The dense system's dimension: N in the dual form, else D."""
         return size.n_rows if self.dual_form(size, dual) else size.width
 
-    def route(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False) -> Tuple[str, str]:
-        """(route, reason) per waterfall step 1, unless ``requested`` forces one."""
+    def route(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False,
+              held: int = 0) -> Tuple[str, str]:
+        """(route, reason) per waterfall step 1, unless ``requested`` forces one (``free``, ``held``:
+        as in `capped_free`)."""
         if requested in ("direct", "cg"):
             return requested, f"solver.name={requested}"
         dense = self.dense_bytes(size, dual)
-        room = self.cfg.dense_fraction * self.capped_free(free)
+        room = self.cfg.dense_fraction * self.capped_free(free, held)
         dim = self.system_dim(size, dual)
         name = f"N={dim} (dual form, D={size.width})" if self.dual_form(size, dual) else f"D={dim}"
         if dim > self.cfg.max_dense_dim:
@@ -197,34 +181,36 @@ class MemoryOracle:
                           f"= {format_size(room)}")
         return "direct", f"{name} <= {self.cfg.max_dense_dim} and one dense system needs {format_size(dense)}"
 
-    def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False) -> Plan:
+    def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False, held: int = 0) -> Plan:
         """The whole plan: route, fit chunks, predict chunks, the predicted peak and the minimal limit.
-        ``dual``: the direct route may take the dual form (solver.dual).
+        ``free``: the device's free bytes; ``held``: the bytes already counted against the limit (see
+        `capped_free`); ``dual``: the direct route may take the dual form (solver.dual).
 
         Raises:
             MemoryBudgetError: even the smallest chunk does not fit (the message gives the minimal limit).
         """
-        route, reason = self.route(size, free, requested, dual)
+        route, reason = self.route(size, free, requested, dual, held)
         dual = route == "direct" and self.dual_form(size, dual)
-        budget = int(self.chunk_fraction * self.capped_free(free))
-        overhead, max_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows
+        free = self.capped_free(free, held)
+        budget = int(self.chunk_fraction * free)
+        overhead, max_rows, min_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows, self.cfg.min_chunk_rows
         minimal = self.minimal_limit(size, dual, requested if requested in ("direct", "cg") else None)
         cache = route == "cg"
         fit_cost, predict_cost = self.costs(size, route, cache, dual)
         try:  # the dual form solves one group at a time
             fit = pick_chunk(1 if dual else size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget,
-                             overhead, max_rows, "fit", minimal, self.limit)
+                             overhead, min_rows, max_rows, "fit", minimal, self.limit)
         except MemoryBudgetError:
             if not cache:
                 raise
             cache = False  # W Phi does not fit whole: rebuild it chunk by chunk at every CG product
             fit_cost, predict_cost = self.costs(size, route, cache)
             fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
-                             max_rows, "fit", minimal, self.limit)
+                             min_rows, max_rows, "fit", minimal, self.limit)
         output = self.predict_output_bytes(size)
         chunk = pick_chunk(size.n_groups, max(size.n_rows, size.n_predict_rows), predict_cost.fixed,
-                           predict_cost.per_row, max(0, budget - output), overhead, max_rows, "predict", minimal,
-                           self.limit)
+                           predict_cost.per_row, max(0, budget - output), overhead, min_rows, max_rows, "predict",
+                           minimal, self.limit)
         predict = ChunkPlan(chunk.groups, chunk.rows, chunk.bytes + output)
         plan = Plan(route=route, reason=reason, fit=fit, predict=predict, cache_design=cache, budget=budget,
                     free=free, predicted_peak=max(fit.bytes, predict.bytes), minimal_limit=minimal,

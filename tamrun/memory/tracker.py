@@ -20,7 +20,7 @@ class BudgetExceeded(MemoryError):
 class MemoryTracker:
     """Charges against ``budget`` bytes (None = unlimited); peak and current are in bytes."""
 
-    def __init__(self, budget: Optional[int], overhead_factor: float = 1.1) -> None:
+    def __init__(self, budget: Optional[int], overhead_factor: float) -> None:
         self.budget = budget
         self.overhead_factor = overhead_factor
         self.current = 0

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
+from tamrun.solve.stats import SolveStats
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DirectStats:
-    jitter_escalations: int = 0  # extra jitter steps taken by any group
-    lu_fallback_groups: int = 0  # groups solved by LU after Cholesky kept failing
 
 
 def triangular_pair_solve(factor: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -22,22 +17,23 @@ def triangular_pair_solve(factor: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     return torch.linalg.solve_triangular(factor.mT, torch.linalg.solve_triangular(factor, b, upper=False), upper=True)
 
 
-def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: float = 10.0,
-                   max_tries: int = 4, lower_only: bool = False) -> tuple:
+def cholesky_solve(a: torch.Tensor, b: torch.Tensor, jitter: float, growth: float, max_tries: int,
+                   lower_only: bool = False) -> tuple:
     """Solve a x = b for a batch of SPD matrices.
 
     Args:
         a: (G, D, D) symmetric positive (semi-)definite systems (jitter already included).
         b: (G, D) right-hand sides.
         jitter: the jitter already on the diagonal; a group whose factorisation fails gets
-            jitter * growth^t added (t = 1..max_tries), then LU (logged) as the last resort.
+            jitter * growth^t added (t = 1..max_tries), then LU (logged) as the last resort
+            (solver.jitter_growth, solver.jitter_max_tries).
         lower_only: only the lower triangle of ``a`` is set (the Cholesky reads nothing else; LU
             gets the matrix symmetrised from it).
 
     Returns:
-        (x (G, D), DirectStats)
+        (x (G, D), SolveStats with the jitter escalations and LU fallbacks)
     """
-    stats = DirectStats()
+    stats = SolveStats()
     factor, info = torch.linalg.cholesky_ex(a)
     failed = info > 0
     base = jitter if jitter > 0 else torch.finfo(a.dtype).eps

@@ -31,9 +31,12 @@ from typing import List, Optional, Tuple
 import torch
 
 from tamrun.config.schema import SolverConfig
+from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock, jittered_factor
-from tamrun.memory.footprint import COUNT_PAIRS_PER_STEP
-from tamrun.solve.direct import DirectStats, cholesky_solve
+from tamrun.effects.design import AdditiveDesign
+from tamrun.solve.assembly import design_chunk, row_spans, system_scale
+from tamrun.solve.direct import cholesky_solve
+from tamrun.solve.stats import SolveStats
 
 BF16_EXACT_COUNTS = 256  # bfloat16 holds every integer up to 2^8 exactly
 
@@ -77,14 +80,13 @@ def kernel_features(chunks: List[DesignChunk], penalty: BlockPenalty, jitter: fl
     return KernelFeatures(dense, indexed)
 
 
-def shared_leaf_counts(leaves: torch.Tensor, keep: torch.Tensor,
-                       pairs_per_step: int = COUNT_PAIRS_PER_STEP) -> torch.Tensor:
+def shared_leaf_counts(leaves: torch.Tensor, keep: torch.Tensor, pairs_per_step: int) -> torch.Tensor:
     """The lower triangle (diagonal included) of C (N, N) float32 counted over the entries of leaves
     (N, T) where ``keep`` (N, T) is true, by scattering the pairs of data rows that share a leaf; the
     entries above the diagonal are 0. The kept entries are sorted by leaf (stably, so a leaf's rows
     ascend); the entry of rank k in its leaf pairs with the k + 1 entries up to itself, whose rows are
     <= its own. Work and scatters: the sum over leaves of s (s + 1) / 2 for a leaf of s rows, at most
-    ``pairs_per_step`` pairs at a time; exact (integer counts)."""
+    ``pairs_per_step`` pairs at a time (solver.dual_scatter_pairs_per_step); exact (integer counts)."""
     n_rows, slots = leaves.shape
     device = leaves.device
     counts = torch.zeros(n_rows * n_rows, dtype=torch.float32, device=device)
@@ -122,14 +124,14 @@ class LeafCounts:
     """
 
     def __init__(self, leaves: torch.Tensor, grid_rows: int, dense_max: int, dtype: torch.dtype,
-                 scatter_max_rows: int) -> None:
+                 scatter_max_rows: int, pairs_per_step: int) -> None:
         n_rows, device = leaves.shape[0], leaves.device
         self.counts: Optional[torch.Tensor] = None
         if grid_rows <= dense_max:
             dense_leaves = torch.ones(grid_rows, dtype=torch.bool, device=device)
         else:
             dense_leaves = torch.bincount(leaves.reshape(-1), minlength=grid_rows) > scatter_max_rows
-            self.counts = shared_leaf_counts(leaves, ~dense_leaves[leaves])
+            self.counts = shared_leaf_counts(leaves, ~dense_leaves[leaves], pairs_per_step)
         width = int(dense_leaves.sum())
         column = torch.full((grid_rows,), width, dtype=torch.long, device=device)  # scattered leaves: a spare column
         column[dense_leaves] = torch.arange(width, device=device)
@@ -148,12 +150,14 @@ class LeafCounts:
 def group_kernel(features: KernelFeatures, group: int, solver: SolverConfig) -> torch.Tensor:
     """K = Phi_w P~^-1 Phi_w' (N, N) of one group of the chunk: its lower triangle (diagonal
     included); the entries above the diagonal are left unset. Settings: solver.dual_dense_counts_max,
-    dual_scatter_max_leaf_rows, dual_counts_dtype (`LeafCounts`, `count_dtype`), dual_tile_rows."""
+    dual_scatter_max_leaf_rows, dual_scatter_pairs_per_step, dual_counts_dtype (`LeafCounts`, `count_dtype`),
+    dual_tile_rows."""
     dense = features.dense[group]
     n_rows, tile_rows = dense.shape[0], solver.dual_tile_rows
     requested = getattr(torch, solver.dual_counts_dtype.value)
     blocks = [(LeafCounts(leaves[group], grid_rows, solver.dual_dense_counts_max,
-                          count_dtype(leaves.shape[-1], requested), solver.dual_scatter_max_leaf_rows), values[group])
+                          count_dtype(leaves.shape[-1], requested), solver.dual_scatter_max_leaf_rows,
+                          solver.dual_scatter_pairs_per_step), values[group])
               for leaves, values, grid_rows in features.indexed]
     kernel = torch.empty(n_rows, n_rows, dtype=dense.dtype, device=dense.device)
     for start in range(0, n_rows, tile_rows):
@@ -166,14 +170,14 @@ def group_kernel(features: KernelFeatures, group: int, solver: SolverConfig) -> 
 
 
 def dual_coefficients(chunks: List[DesignChunk], penalty: BlockPenalty, weighted_y: torch.Tensor,
-                      n: torch.Tensor, solver: SolverConfig) -> Tuple[torch.Tensor, DirectStats]:
+                      n: torch.Tensor, solver: SolverConfig) -> Tuple[torch.Tensor, SolveStats]:
     """beta (g, D) of the groups of ``chunks`` (row chunks in order, weights applied), weighted_y
     (g, N), n (g,) the real row counts; solver: the jitter and its retries, and the kernel's
     settings (`group_kernel`)."""
     jitter = solver.jitter
     features = kernel_features(chunks, penalty, jitter)
     alpha = torch.empty_like(weighted_y)
-    stats = DirectStats()
+    stats = SolveStats()
     for group in range(weighted_y.shape[0]):
         kernel = group_kernel(features, group, solver)
         kernel.diagonal().add_(n[group])
@@ -181,8 +185,7 @@ def dual_coefficients(chunks: List[DesignChunk], penalty: BlockPenalty, weighted
                                              solver.jitter_growth, solver.jitter_max_tries, lower_only=True)
         del kernel
         alpha[group] = solved[0]
-        stats.jitter_escalations = max(stats.jitter_escalations, group_stats.jitter_escalations)
-        stats.lu_fallback_groups += group_stats.lu_fallback_groups
+        stats.merge(group_stats)
     start, rhs = 0, None
     for chunk in chunks:
         rows = chunk.dense.shape[1]
@@ -190,3 +193,12 @@ def dual_coefficients(chunks: List[DesignChunk], penalty: BlockPenalty, weighted
         rhs = part if rhs is None else rhs + part
         start += rows
     return penalty.solve(rhs, jitter), stats
+
+
+def fit_dual(design: AdditiveDesign, batch: GroupedBatch, groups: slice, penalty: BlockPenalty, device: torch.device,
+             row_chunk: int, solver: SolverConfig) -> Tuple[torch.Tensor, SolveStats]:
+    """The direct route in the dual form for a slice of groups: all their rows, built ``row_chunk``
+    rows at a time, then `dual_coefficients`."""
+    parts = [design_chunk(design, batch, groups, slice(r0, r1), device) for r0, r1 in row_spans(batch.x.shape[1], row_chunk)]
+    weighted_y = torch.cat([y for _, y in parts], dim=1)
+    return dual_coefficients([chunk for chunk, _ in parts], penalty, weighted_y, system_scale(batch, groups, device), solver)

@@ -8,8 +8,9 @@ from typing import Any, Dict, Optional
 
 import pandas as pd
 
+from tamrun.config.schema import Config
 from tamrun.effects.partial import partial_effect_curves
-from tamrun.pipeline import FittedModel
+from tamrun.pipeline import Fit
 from tamrun.solve.cg import DEFAULT_TOL
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.plots import (cg_residual_figure, forecast_figure, memory_timeline_figure,
@@ -18,19 +19,18 @@ from tamrun.tracking.plots import (cg_residual_figure, forecast_figure, memory_t
 log = logging.getLogger(__name__)
 
 
-def log_run_plots(tracked: TrackedRun, model: FittedModel, table: pd.DataFrame, metrics: Dict[str, float],
+def log_run_plots(tracked: TrackedRun, config: Config, fit: Fit, table: pd.DataFrame, metrics: Dict[str, float],
                   report: Dict[str, Any], limit: Optional[int]) -> None:
     """Draw and log every plot of a fitted run."""
-    config = model.config
     unit = config.data.unit
     title = f"{config.model.name}: test RMSE {metrics['rmse_test']:.1f} {unit}".strip()
     tracked.log_figure(forecast_figure(table, title=title, unit=unit), "plots/forecast.png")
-    curves = partial_effect_curves(model.design, model.coef, model.train, group_chunk=model.stats.group_chunk)
+    curves = partial_effect_curves(fit.model, fit.train, fit.device)
     tracked.log_figure(partial_effects_figure(curves, unit=unit), "plots/partial_effects.png")
     tracked.log_figure(residuals_by_time_of_day_figure(table, unit=unit), "plots/residuals_by_time_of_day.png")
-    tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, model.plan.predicted_peak),
+    tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, fit.plan.predicted_peak),
                        "plots/memory_timeline.png")
-    if model.stats.cg_history:
-        tol = config.solver.tol if config.solver.tol is not None else DEFAULT_TOL[model.coef.dtype]
-        tracked.log_figure(cg_residual_figure(model.stats.cg_history, tol), "plots/cg_residuals.png")
+    if fit.stats.cg_history:
+        tol = config.solver.tol if config.solver.tol is not None else DEFAULT_TOL[fit.model.coef.dtype]
+        tracked.log_figure(cg_residual_figure(fit.stats.cg_history, tol), "plots/cg_residuals.png")
     log.info("plots logged under plots/")

@@ -1,0 +1,122 @@
+"""The fitted model: everything needed to predict from a raw table, and the one chunked prediction.
+
+    FittedModel = design (effects' state, per-group scaling) + coef (G, D) + group order
+                  + data recipe (derived columns, date / target / group columns) + dtype + chunk sizes
+
+`predict_rows` is the only place where Phi beta is evaluated for prediction: the runner's train and
+test forecasts, the logged MLflow model, the partial-effect plots and the adaptive forecasts all
+call it. It works ``group_chunk`` groups x ``row_chunk`` rows at a time (each chunk's design built,
+multiplied and dropped), optionally through a guarded `ChunkLoop` (tracker, OOM retry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tamrun.data.batch import GroupedBatch, build_batch
+from tamrun.data.derive import DataRecipe
+from tamrun.effects.categorical import CategoricalEffect
+from tamrun.effects.design import AdditiveDesign
+from tamrun.errors import DataError
+from tamrun.evaluate import predictions_table
+from tamrun.memory.footprint import StepCost
+from tamrun.memory.guard import ChunkLoop
+from tamrun.solve.assembly import row_spans
+
+
+def predict_rows(design: AdditiveDesign, coef: torch.Tensor, x: torch.Tensor, device: torch.device,
+                 group_chunk: int = 0, row_chunk: int = 0, weight: Optional[torch.Tensor] = None,
+                 loop: Optional[ChunkLoop] = None, cost: Optional[StepCost] = None) -> torch.Tensor:
+    """Phi(x_g) beta_g (G, N) on the CPU for raw features x (G, N, F) of the design's groups and
+    coef (G, D); multiplied by ``weight`` (G, N) when given (0 on padding). ``group_chunk`` /
+    ``row_chunk``: groups and rows per chunk (0: all). ``loop``: run the group chunks under the
+    guard, each charged ``cost`` (the plan's predict cost)."""
+    n_groups, n_rows = x.shape[:2]
+    out = torch.zeros(n_groups, n_rows, dtype=x.dtype)
+    rows = max(1, min(row_chunk or n_rows, n_rows))
+    coef_dev = coef.to(device=device, dtype=x.dtype)
+
+    def step(start: int, size: int) -> None:
+        groups = slice(start, start + size)
+        for r0, r1 in row_spans(n_rows, rows):
+            chunk = design.chunk(x[groups, r0:r1].to(device), groups)
+            out[groups, r0:r1] = chunk.matvec(coef_dev[groups]).cpu()
+            del chunk
+
+    group_chunk = max(1, group_chunk or n_groups)
+    if loop is None:
+        for start, stop in row_spans(n_groups, group_chunk):
+            step(start, stop - start)
+    else:
+        loop.run(step, n_groups, group_chunk, "predict", cost or StepCost(0, 0), rows=rows)
+    return out if weight is None else out.mul_(weight)
+
+
+def prediction_batch(design: AdditiveDesign, groups: list, recipe: DataRecipe, dtype: torch.dtype,
+                     frame: pd.DataFrame) -> GroupedBatch:
+    """Rows of ``frame`` (derived columns added if absent) as a batch of the fitted ``groups``; a
+    categorical level or a group unseen in training raises `DataError`. A missing target is read as 0
+    (it is not used to predict)."""
+    frame = recipe.apply(frame)
+    if recipe.target not in frame.columns:
+        frame = frame.assign(**{recipe.target: 0.0})
+    for effect in design.effects:
+        if isinstance(effect, CategoricalEffect):
+            unseen = effect.unseen_levels(frame[effect.column].to_numpy())
+            if unseen:
+                raise DataError(f"model.effects.{effect.name}.column", effect.column,
+                                f"level(s) {unseen[:5]} appear in the rows to predict but never in training",
+                                "train on a period that contains every level, or merge rare levels")
+    return build_batch(frame, design.columns, recipe.target, recipe.group, dtype, groups=groups)
+
+
+@dataclass
+class FittedModel:
+    """A fitted additive model, on the CPU or the fit's device; picklable (the MLflow model holds one).
+
+    ``coef`` (G, D) in the order of ``groups``; ``group_chunk`` x ``row_chunk``: its predictions'
+    chunks (the group chunk the fit kept and the plan's predict rows: they fitted in memory)."""
+
+    design: AdditiveDesign
+    coef: torch.Tensor
+    groups: list
+    recipe: DataRecipe
+    dtype: torch.dtype
+    group_chunk: int
+    row_chunk: int
+
+    @property
+    def input_columns(self) -> List[str]:
+        """The columns a table to predict needs besides the derived ones: the group column (if
+        any), then the effects' columns."""
+        group = self.recipe.group
+        return ([group] if group else []) + [c for c in self.design.columns if c != group]
+
+    def batch(self, frame: pd.DataFrame) -> GroupedBatch:
+        """Rows of ``frame`` as a batch of the fitted groups (`prediction_batch`)."""
+        return prediction_batch(self.design, self.groups, self.recipe, self.dtype, frame)
+
+    def predict(self, batch: GroupedBatch, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+        """Predictions (G, N) of a batch of the fitted groups, on the CPU; 0 on padding."""
+        return predict_rows(self.design, self.coef, batch.x, device, self.group_chunk, self.row_chunk, batch.weight)
+
+    def predict_values(self, frame: pd.DataFrame) -> np.ndarray:
+        """One prediction per row of ``frame``, in its order (the MLflow model's output)."""
+        frame = pd.DataFrame(frame).reset_index(drop=True)
+        batch = self.batch(frame)
+        predicted = self.predict(batch).numpy()
+        out = np.zeros(len(frame))
+        real = batch.row_index >= 0
+        out[batch.row_index[real]] = predicted[real]
+        return out
+
+    def predict_frame(self, frame: pd.DataFrame, split: str, device: torch.device = torch.device("cpu")) -> pd.DataFrame:
+        """Predictions table (date, group, split, actual, predicted) for the rows of ``frame``."""
+        batch = self.batch(frame)
+        recipe = self.recipe
+        return predictions_table(frame, batch, self.predict(batch, device), recipe.date_column, recipe.group, split)

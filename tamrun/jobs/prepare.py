@@ -1,0 +1,71 @@
+"""The preparation every job shares: the data and feature phases, the memory plan, and the run's
+memory accounting (phase recorder, tracker, OOM log).
+
+    prepare(config, specs, devices) -> Prepared
+        data      load, derive, check, split (train / validation / test)          -> Splits
+        features  training batch + fitted design; the test rows as a batch         -> Features, test batch
+        plan      the oracle's route and chunks under memory.limit                 -> Plan
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+from tamrun.config.schema import Config
+from tamrun.data.batch import GroupedBatch
+from tamrun.device import DeviceManager
+from tamrun.fitted import prediction_batch
+from tamrun.memory.guard import ChunkLoop, OomLog, ProgressCallback, no_progress, oom_settings
+from tamrun.memory.meter import TensorMeter
+from tamrun.memory.oracle import Plan
+from tamrun.memory.profiler import PhaseRecorder
+from tamrun.memory.tracker import MemoryTracker
+from tamrun.pipeline import Features, Splits, build_features, load_splits, plan_memory
+
+
+@dataclass
+class Prepared:
+    """Everything a job starts from.
+
+    ``limit``: memory.limit in bytes (None: no cap); ``tracker``: the plan's budget under that limit
+    (unlimited without one), which every chunk is charged to; ``oom_log``: the run's OOM events;
+    ``recorder``: the phases and the memory timeline."""
+
+    config: Config
+    specs: Dict[str, Any]
+    devices: DeviceManager
+    splits: Splits
+    features: Features
+    test: GroupedBatch
+    plan: Plan
+    limit: Optional[int]
+    recorder: PhaseRecorder
+    tracker: MemoryTracker
+    oom_log: OomLog
+
+    def chunk_loop(self, progress: ProgressCallback = no_progress,
+                   tracker: Optional[MemoryTracker] = None) -> ChunkLoop:
+        """A guarded chunk loop of this run (memory.oom settings, its OOM log, the memory timeline),
+        charged to ``tracker`` (default: the run's)."""
+        return ChunkLoop(oom_settings(self.config.memory.oom), self.oom_log, tracker or self.tracker,
+                         self.devices.empty_cache, self.recorder.snapshot, progress)
+
+
+def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_meter: bool = True) -> Prepared:
+    """The data and features phases and the plan. ``warm_meter``: warm the tensor meter up first (when
+    a metered phase follows), so that its one-time cost is not charged to the first metered phase."""
+    if warm_meter and config.memory.meter:
+        TensorMeter.warm_up()
+    limit = config.memory.limit_bytes
+    devices.enforce_limit(limit)
+    recorder = PhaseRecorder(devices)
+    with recorder.phase("data"):
+        splits = load_splits(config, specs)
+    with recorder.phase("features"):
+        features = build_features(config, specs, splits.train)
+        test = prediction_batch(features.design, features.train.groups, splits.recipe, features.train.x.dtype,
+                                splits.test)
+    plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1])
+    tracker = MemoryTracker(plan.budget if limit is not None else None, plan.overhead)
+    return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog())

@@ -1,0 +1,50 @@
+"""What a ``mode=run`` job records in MLflow: params, metrics, the memory report, the design, the
+predictions, the coefficients, the plots and the fitted model."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import pandas as pd
+
+from tamrun.effects.design import describe
+from tamrun.evaluate import group_metrics
+from tamrun.jobs.prepare import Prepared
+from tamrun.memory.report import memory_report, report_text
+from tamrun.pipeline import Fit
+from tamrun.tracking.mlflow_run import TrackedRun
+from tamrun.tracking.run_plots import log_run_plots
+
+
+def coefficients_frame(fit: Fit) -> pd.DataFrame:
+    """One row per group: ``group``, then one column ``<effect>[i]`` per coefficient."""
+    model = fit.model
+    columns = [f"{name}[{i - s.start}]" for name, s in model.design.block_slices() for i in range(s.start, s.stop)]
+    return pd.DataFrame(model.coef.numpy(), index=pd.Index(model.groups, name="group"), columns=columns).reset_index()
+
+
+def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: pd.DataFrame,
+               metrics: Dict[str, float]) -> None:
+    """Log everything a fitted run produced (a no-op for every call when tracking is off)."""
+    config, plan, stats = prepared.config, fit.plan, fit.stats
+    tracked.log_params({"route": plan.route, "route_reason": plan.reason, "D": fit.model.design.width,
+                        "n_groups": len(fit.model.groups), "chunk_groups": stats.group_chunk,
+                        "chunk_rows": plan.fit.rows, "predict_chunk_groups": plan.predict.groups,
+                        "predict_chunk_rows": plan.predict.rows, "cg_cache_design": plan.cache_design})
+    tracked.log_metrics(metrics)
+    if stats.cg_history:
+        tracked.log_metric_history("cg_residual", stats.cg_history)
+    report = memory_report(plan, prepared.recorder, prepared.oom_log, prepared.limit, prepared.tracker.peak)
+    tracked.log_json(report, "memory/report.json")
+    tracked.log_text(report_text(report, plan), "memory/report.txt")
+    tracked.log_text(describe(fit.model.design) + "\n", "model/design.txt")
+    if config.tracking.log_predictions:
+        tracked.log_frame(table, "predictions/predictions.csv")
+        tracked.log_frame(group_metrics(table), "predictions/group_metrics.csv")
+    tracked.log_frame(coefficients_frame(fit), "model/coefficients.csv")
+    if config.tracking.log_plots:
+        log_run_plots(tracked, config, fit, table, metrics, report, prepared.limit)
+    if config.tracking.log_model and tracked.enabled:
+        from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
+
+        log_pyfunc_model(tracked.log_dir, fit.model, prepared.splits.test)
