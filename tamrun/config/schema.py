@@ -189,13 +189,17 @@ class SolverConfig:
     # CG stops when ||r_g|| <= tol * ||b_g|| for every group g; None = the dtype's default
     # (tamrun.solve.cg.DEFAULT_TOL: 1e-6 in float64, 1e-4 in float32).
     tol: Optional[float] = None
+    # CG's iteration cap per group (a warning names this setting when it is hit).
     max_iter: int = 2000
+    # CG preconditioner: none | jacobi | block_jacobi (the dense effects' block inverted exactly, each
+    # leaf's block of a forest crossing likewise, Jacobi elsewhere).
     preconditioner: Preconditioner = Preconditioner.block_jacobi
     # block_jacobi inverts the dense columns' block when it has at most this many columns (else Jacobi).
     block_max_dim: int = 512
     # Jitter added to the normalised system: (Phi'Phi/n + P + jitter I) beta = Phi'y/n.
     jitter: float = 1e-6
-    # Cholesky retries multiply the jitter by jitter_growth, at most jitter_max_tries times.
+    # Cholesky retries multiply the jitter by jitter_growth (jitter * growth^t for t = 1..jitter_max_tries),
+    # then the direct route falls back to LU (logged).
     jitter_growth: float = 10.0
     jitter_max_tries: int = 4
     # Direct route: when a group has fewer rows N than columns D, solve the N x N dual (kernel)
@@ -214,7 +218,8 @@ class SolverConfig:
     # Dual form: rows of K's lower triangle built at a time (the temporaries are about
     # dual_tile_rows x N x (2 itemsize + 2) bytes).
     dual_tile_rows: int = 1024
-    # CG starts from these coefficients (a run's model/coefficients.csv) instead of zeros; None = zeros.
+    # CG starts from these coefficients (a run's model/coefficients.csv, same model and groups) instead
+    # of zeros; None = zeros.
     warm_start: Optional[str] = None
 
 
