@@ -226,11 +226,13 @@ class SolverConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True
+    # The MLflow store, e.g. sqlite:////abs/path/mlflow.db or http://tracking-server:5000;
     # None: sqlite:///<cwd>/outputs/mlflow.db
     uri: Optional[str] = None
     # None: <folder of the sqlite file>/mlartifacts
     artifact_root: Optional[str] = None
     experiment: str = "tamrun"
+    # None: <model.name>-<data.name>
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
