@@ -156,30 +156,44 @@ class HardwareConfig:
 
 @dataclass
 class OomConfig:
+    """The OOM guard (tamrun.memory.guard): on an out-of-memory error a step is retried with its size
+    shrunk, size_{i+1} = floor(size_i * size_factor), after a delay of delay_ms * 2^i."""
+
+    # Retries of a step after out-of-memory errors, then a MemoryBudgetError names the settings to change.
     max_retries: int = 3
+    # The shrink factor of each retry, in (0, 1).
     size_factor: float = 0.7
+    # The first retry's back-off (doubled at each retry).
     delay_ms: float = 200.0
+    # Log every OOM event as a warning (info otherwise).
     verbose: bool = False
 
 
 @dataclass
 class MemoryConfig:
-    """The memory waterfall (DESIGN.md section 4); fractions are of free memory."""
+    """The memory waterfall (docs/architecture.md, the memory waterfall); fractions are of free memory."""
 
+    # The dense direct solve is taken only if one group's system fits in this fraction ...
     dense_fraction: float = 0.9
+    # ... and D <= this; otherwise matrix-free CG.
     max_dense_dim: int = 7500
+    # Budget of a static data chunk on a GPU / on the CPU.
     chunk_fraction_gpu: float = 0.9
     chunk_fraction_cpu: float = 0.7
+    # Budget of a sliding-window batch (mode=adaptive) on a GPU / on the CPU.
     window_fraction_gpu: float = 0.8
     window_fraction_cpu: float = 0.6
     # A cap on everything above: bytes or a size string ("2GiB", "512MB"); None = no cap.
     limit: Optional[str] = None
+    # Every predicted footprint is multiplied by this.
     overhead_factor: float = 1.1
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
     # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
     max_chunk_rows: Optional[int] = 1024
     # Count the exact tensor bytes of the solve and predict phases (their working peak).
     meter: bool = True
+    # The OOM guard; the environment variables OOM_MAX_RETRIES / OOM_SIZE_FACTOR / OOM_DELAY_MS /
+    # OOM_VERBOSE override these fields.
     oom: OomConfig = field(default_factory=OomConfig)
 
 
@@ -256,7 +270,7 @@ class AdaptiveConfig:
     the coefficients only.
     """
 
-    # Days of data each refit is fitted on.
+    # Days of data each refit is fitted on (one year cannot tell the trend from the time of year).
     window: int = 730
     # Days between refits (1 = daily refits).
     step: int = 1
@@ -293,6 +307,7 @@ class Config:
     mode: ModeConfig = field(default_factory=ModeConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     dtype: DType = DType.float64
+    # Seeds torch and the forests' random trees (a forest effect's own `seed` wins).
     seed: int = 0
     # The metric `python -m tamrun` returns to Hydra's sweepers (optuna minimises it) and a sweep's
     # summary ranks by; None = rmse_validation with a validation split, else rmse_test.
