@@ -9,6 +9,7 @@ be overridden on the command line; each spec is parsed into its kind's dataclass
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
@@ -314,3 +315,23 @@ class Config:
     objective: Optional[str] = None
     # Progress of group chunks and CG iterations: auto (a bar on a terminal, log lines otherwise), bar, log, off.
     progress: ProgressMode = ProgressMode.auto
+
+
+def schema_default(path: str) -> Any:
+    """The schema's default of the field at a dotted ``path`` of `Config`, e.g.
+    ``schema_default("memory.overhead_factor") == 1.1``: messages that suggest a default read it here,
+    so that every default is written once, in the dataclasses above.
+
+    Raises:
+        KeyError: ``path`` names no field (or goes through a field that is not a dataclass).
+    """
+    node: Any = Config
+    value: Any = None
+    for name in path.split("."):
+        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+        if name not in fields:
+            raise KeyError(f"{path}: no field {name!r} in the schema")
+        spec = fields[name]
+        value = spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+        node = value
+    return value
