@@ -1,11 +1,16 @@
-"""Range and consistency checks of a composed config, with messages that name field, value and fix."""
+"""Range and consistency checks of a composed config, with messages that name field, value and fix.
+
+A fix that suggests a field's default reads it from the schema (`tamrun.config.schema.schema_default`),
+so that every default is written once, in `tamrun/config/schema.py`.
+"""
 
 from __future__ import annotations
 
 import math
+from enum import Enum
 from typing import Any
 
-from tamrun.config.schema import Config, DataSource, ModeName
+from tamrun.config.schema import Config, DataSource, ModeName, schema_default
 from tamrun.errors import ConfigError
 from tamrun.memory.units import parse_size
 
@@ -17,22 +22,54 @@ def _require(ok: bool, field: str, value: Any, problem: str, fix: str) -> None:
         raise ConfigError(field, value, problem, fix)
 
 
+def _default(field: str) -> str:
+    """The schema's default of ``field`` as it is written on the command line (1e-6, 10, null, true)."""
+    value = schema_default(field)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, float):
+        if value.is_integer():
+            return str(int(value))
+        text = repr(value)
+        mantissa, _, exponent = text.partition("e")
+        return f"{mantissa}e{int(exponent)}" if exponent else text
+    return str(value)
+
+
+def _set_default(field: str) -> str:
+    """The fix "set <field>=<its schema default>"."""
+    return f"set {field}={_default(field)}"
+
+
 def _fraction(cfg_value: float, field: str) -> None:
     _require(0 < cfg_value <= 1, field, cfg_value, "a fraction of free memory must lie in (0, 1]",
-             f"set {field} to e.g. 0.9")
+             f"set {field} to e.g. {_default(field)}")
 
 
 def check_config(cfg: Config) -> None:
     """Raise `ConfigError` on the first out-of-range or inconsistent value (effects are checked
     when they are parsed, see `tamrun.config.effects.parse_effects`)."""
+    _check_memory(cfg)
+    _check_solver(cfg)
+    _check_hw(cfg)
+    _check_data(cfg)
+    _check_adaptive(cfg)
+    _check_tracking(cfg)
+
+
+def _check_memory(cfg: Config) -> None:
     mem = cfg.memory
     for name in ("dense_fraction", "chunk_fraction_gpu", "chunk_fraction_cpu",
                  "window_fraction_gpu", "window_fraction_cpu"):
         _fraction(getattr(mem, name), f"memory.{name}")
     _require(mem.max_dense_dim >= 1, "memory.max_dense_dim", mem.max_dense_dim,
-             "the largest dense dimension must be >= 1", "set memory.max_dense_dim=7500")
+             "the largest dense dimension must be >= 1", _set_default("memory.max_dense_dim"))
     _require(mem.overhead_factor >= 1, "memory.overhead_factor", mem.overhead_factor,
-             "the overhead factor must be >= 1", "set memory.overhead_factor=1.1")
+             "the overhead factor must be >= 1", _set_default("memory.overhead_factor"))
     _require(mem.max_chunk_rows is None or mem.max_chunk_rows >= 1, "memory.max_chunk_rows",
              mem.max_chunk_rows, "must be a positive number of rows or null", "set memory.max_chunk_rows=null")
     try:
@@ -44,41 +81,48 @@ def check_config(cfg: Config) -> None:
              "set memory.limit=2GiB or memory.limit=null")
     oom = mem.oom
     _require(oom.max_retries >= 0, "memory.oom.max_retries", oom.max_retries, "must be >= 0",
-             "set memory.oom.max_retries=3")
+             _set_default("memory.oom.max_retries"))
     _require(0 < oom.size_factor < 1, "memory.oom.size_factor", oom.size_factor,
-             "the shrink factor must lie in (0, 1)", "set memory.oom.size_factor=0.7")
+             "the shrink factor must lie in (0, 1)", _set_default("memory.oom.size_factor"))
     _require(oom.delay_ms >= 0, "memory.oom.delay_ms", oom.delay_ms, "must be >= 0",
-             "set memory.oom.delay_ms=200")
+             _set_default("memory.oom.delay_ms"))
 
+
+def _check_solver(cfg: Config) -> None:
     sol = cfg.solver
     _require(sol.tol is None or (math.isfinite(sol.tol) and 0 < sol.tol < 1), "solver.tol", sol.tol,
-             "the CG relative-residual tolerance must lie in (0, 1)", "set solver.tol=1e-6 (or null for the dtype's default)")
-    _require(sol.max_iter >= 1, "solver.max_iter", sol.max_iter, "must be >= 1", "set solver.max_iter=2000")
+             "the CG relative-residual tolerance must lie in (0, 1)",
+             "set solver.tol=1e-6 (or null for the dtype's default)")
+    _require(sol.max_iter >= 1, "solver.max_iter", sol.max_iter, "must be >= 1", _set_default("solver.max_iter"))
     _require(sol.block_max_dim >= 1, "solver.block_max_dim", sol.block_max_dim, "must be >= 1",
-             "set solver.block_max_dim=512")
-    _require(sol.jitter >= 0, "solver.jitter", sol.jitter, "must be >= 0", "set solver.jitter=1e-6")
+             _set_default("solver.block_max_dim"))
+    _require(sol.jitter >= 0, "solver.jitter", sol.jitter, "must be >= 0", _set_default("solver.jitter"))
     _require(sol.jitter_growth > 1, "solver.jitter_growth", sol.jitter_growth, "must be > 1",
-             "set solver.jitter_growth=10")
+             _set_default("solver.jitter_growth"))
     _require(sol.jitter_max_tries >= 0, "solver.jitter_max_tries", sol.jitter_max_tries, "must be >= 0",
-             "set solver.jitter_max_tries=4")
+             _set_default("solver.jitter_max_tries"))
     _require(not sol.dual or sol.jitter > 0, "solver.jitter", sol.jitter,
              "the direct route's dual form inverts P + jitter I, which needs jitter > 0 (P may be singular)",
-             "set solver.jitter=1e-6, or solver.dual=false")
+             f"{_set_default('solver.jitter')}, or solver.dual=false")
     _require(sol.dual_dense_counts_max >= 0, "solver.dual_dense_counts_max", sol.dual_dense_counts_max,
-             "must be >= 0", "set solver.dual_dense_counts_max=4096")
-    _require(sol.dual_scatter_max_leaf_rows >= 0, "solver.dual_scatter_max_leaf_rows", sol.dual_scatter_max_leaf_rows,
-             "must be >= 0", "set solver.dual_scatter_max_leaf_rows=96")
+             "must be >= 0", _set_default("solver.dual_dense_counts_max"))
+    _require(sol.dual_scatter_max_leaf_rows >= 0, "solver.dual_scatter_max_leaf_rows",
+             sol.dual_scatter_max_leaf_rows, "must be >= 0", _set_default("solver.dual_scatter_max_leaf_rows"))
     _require(sol.dual_tile_rows >= 1, "solver.dual_tile_rows", sol.dual_tile_rows, "must be >= 1",
-             "set solver.dual_tile_rows=1024")
+             _set_default("solver.dual_tile_rows"))
 
+
+def _check_hw(cfg: Config) -> None:
     hw = cfg.hw
     known = {"cuda", "mps", "xpu", "cpu"}
     bad = [d for d in hw.preference if d not in known]
     _require(not bad and len(hw.preference) > 0, "hw.preference", list(hw.preference),
              "unknown device in the preference list", "list devices among cuda, mps, xpu, cpu")
     _require(hw.threads is None or hw.threads >= 1, "hw.threads", hw.threads, "must be >= 1 or null",
-             "set hw.threads=null")
+             _set_default("hw.threads"))
 
+
+def _check_data(cfg: Config) -> None:
     _require(cfg.data.source != DataSource.file or bool(cfg.data.path), "data.path", cfg.data.path,
              "data.source=file needs the path of a CSV file", "set data.path=/path/to/file.csv")
     for name, derived in cfg.data.derived.items():
@@ -92,6 +136,8 @@ def check_config(cfg: Config) -> None:
             _require(bool(derived.expr), f"{field}.expr", derived.expr, "an expr column needs an expression",
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
 
+
+def _check_adaptive(cfg: Config) -> None:
     ada = cfg.adaptive
     _require(cfg.mode.name != ModeName.adaptive or cfg.split.validation_start is None, "split.validation_start",
              cfg.split.validation_start, "mode=adaptive refits on every training and test row; a validation period "
@@ -104,13 +150,15 @@ def check_config(cfg: Config) -> None:
              f"the horizon must be >= adaptive.step={ada.step} days, or the days between a refit's "
              "horizon and the next refit would not be forecast", f"set adaptive.horizon={ada.step} or null")
     _require(ada.refresh >= 0, "adaptive.refresh", ada.refresh, "must be >= 0",
-             "set adaptive.refresh=64 (0: recompute only the first window's Gram)")
+             f"{_set_default('adaptive.refresh')} (0: recompute only the first window's Gram)")
     _require(ada.max_batch_windows is None or ada.max_batch_windows >= 1, "adaptive.max_batch_windows",
-             ada.max_batch_windows, "must be >= 1 or null", "set adaptive.max_batch_windows=null")
+             ada.max_batch_windows, "must be >= 1 or null", _set_default("adaptive.max_batch_windows"))
 
+
+def _check_tracking(cfg: Config) -> None:
     for name in ("busy_timeout_s", "lock_timeout_s", "connect_timeout_s"):
         value = getattr(cfg.tracking, name)
         _require(math.isfinite(value) and value > 0, f"tracking.{name}", value,
-                 "a wait must be a positive number of seconds", f"set tracking.{name}=60")
+                 "a wait must be a positive number of seconds", _set_default(f"tracking.{name}"))
     _require(bool(cfg.tracking.experiment), "tracking.experiment", cfg.tracking.experiment,
-             "the experiment name is empty", "set tracking.experiment=tamrun")
+             "the experiment name is empty", _set_default("tracking.experiment"))

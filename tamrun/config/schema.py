@@ -9,6 +9,7 @@ be overridden on the command line; each spec is parsed into its kind's dataclass
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
@@ -158,24 +159,36 @@ class HardwareConfig:
 
 @dataclass
 class OomConfig:
+    """The OOM guard (tamrun.memory.guard): on an out-of-memory error a step is retried with its size
+    shrunk, size_{i+1} = floor(size_i * size_factor), after a delay of delay_ms * 2^i."""
+
+    # Retries of a step after out-of-memory errors, then a MemoryBudgetError names the settings to change.
     max_retries: int = 3
+    # The shrink factor of each retry, in (0, 1).
     size_factor: float = 0.7
+    # The first retry's back-off (doubled at each retry).
     delay_ms: float = 200.0
+    # Log every OOM event as a warning (info otherwise).
     verbose: bool = False
 
 
 @dataclass
 class MemoryConfig:
-    """The memory waterfall (DESIGN.md section 4); fractions are of free memory."""
+    """The memory waterfall (docs/architecture.md, the memory waterfall); fractions are of free memory."""
 
+    # The dense direct solve is taken only if one group's system fits in this fraction ...
     dense_fraction: float = 0.9
+    # ... and D <= this; otherwise matrix-free CG.
     max_dense_dim: int = 7500
+    # Budget of a static data chunk on a GPU / on the CPU.
     chunk_fraction_gpu: float = 0.9
     chunk_fraction_cpu: float = 0.7
+    # Budget of a sliding-window batch (mode=adaptive) on a GPU / on the CPU.
     window_fraction_gpu: float = 0.8
     window_fraction_cpu: float = 0.6
     # A cap on everything above: bytes or a size string ("2GiB", "512MB"); None = no cap.
     limit: Optional[str] = None
+    # Every predicted footprint is multiplied by this.
     overhead_factor: float = 1.1
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
     # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
@@ -185,6 +198,8 @@ class MemoryConfig:
     min_chunk_rows: int = 1024
     # Count the exact tensor bytes of the solve and predict phases (their working peak).
     meter: bool = True
+    # The OOM guard; the environment variables OOM_MAX_RETRIES / OOM_SIZE_FACTOR / OOM_DELAY_MS /
+    # OOM_VERBOSE override these fields.
     oom: OomConfig = field(default_factory=OomConfig)
 
     @property
@@ -199,13 +214,17 @@ class SolverConfig:
     # CG stops when ||r_g|| <= tol * ||b_g|| for every group g; None = the dtype's default
     # (tamrun.solve.cg.DEFAULT_TOL: 1e-6 in float64, 1e-4 in float32).
     tol: Optional[float] = None
+    # CG's iteration cap per group (a warning names this setting when it is hit).
     max_iter: int = 2000
+    # CG preconditioner: none | jacobi | block_jacobi (the dense effects' block inverted exactly, each
+    # leaf's block of a forest crossing likewise, Jacobi elsewhere).
     preconditioner: Preconditioner = Preconditioner.block_jacobi
     # block_jacobi inverts the dense columns' block when it has at most this many columns (else Jacobi).
     block_max_dim: int = 512
     # Jitter added to the normalised system: (Phi'Phi/n + P + jitter I) beta = Phi'y/n.
     jitter: float = 1e-6
-    # Cholesky retries multiply the jitter by jitter_growth, at most jitter_max_tries times.
+    # Cholesky retries multiply the jitter by jitter_growth (jitter * growth^t for t = 1..jitter_max_tries),
+    # then the direct route falls back to LU (logged).
     jitter_growth: float = 10.0
     jitter_max_tries: int = 4
     # Direct route: when a group has fewer rows N than columns D, solve the N x N dual (kernel)
@@ -227,18 +246,21 @@ class SolverConfig:
     # Dual form: rows of K's lower triangle built at a time (the temporaries are about
     # dual_tile_rows x N x (2 itemsize + 2) bytes).
     dual_tile_rows: int = 1024
-    # CG starts from these coefficients (a run's model/coefficients.csv) instead of zeros; None = zeros.
+    # CG starts from these coefficients (a run's model/coefficients.csv, same model and groups) instead
+    # of zeros; None = zeros.
     warm_start: Optional[str] = None
 
 
 @dataclass
 class TrackingConfig:
     enabled: bool = True
+    # The MLflow store, e.g. sqlite:////abs/path/mlflow.db or http://tracking-server:5000;
     # None: sqlite:///<cwd>/outputs/mlflow.db
     uri: Optional[str] = None
     # None: <folder of the sqlite file>/mlartifacts
     artifact_root: Optional[str] = None
     experiment: str = "tamrun"
+    # None: <model.name>-<data.name>
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
@@ -262,7 +284,7 @@ class AdaptiveConfig:
     the coefficients only.
     """
 
-    # Days of data each refit is fitted on.
+    # Days of data each refit is fitted on (one year cannot tell the trend from the time of year).
     window: int = 730
     # Days between refits (1 = daily refits).
     step: int = 1
@@ -299,9 +321,30 @@ class Config:
     mode: ModeConfig = field(default_factory=ModeConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     dtype: DType = DType.float64
+    # Seeds torch and the forests' random trees (a forest effect's own `seed` wins).
     seed: int = 0
     # The metric `python -m tamrun` returns to Hydra's sweepers (optuna minimises it) and a sweep's
     # summary ranks by; None = rmse_validation with a validation split, else rmse_test.
     objective: Optional[str] = None
     # Progress of group chunks and CG iterations: auto (a bar on a terminal, log lines otherwise), bar, log, off.
     progress: ProgressMode = ProgressMode.auto
+
+
+def schema_default(path: str) -> Any:
+    """The schema's default of the field at a dotted ``path`` of `Config`, e.g.
+    ``schema_default("memory.overhead_factor") == 1.1``: messages that suggest a default read it here,
+    so that every default is written once, in the dataclasses above.
+
+    Raises:
+        KeyError: ``path`` names no field (or goes through a field that is not a dataclass).
+    """
+    node: Any = Config
+    value: Any = None
+    for name in path.split("."):
+        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+        if name not in fields:
+            raise KeyError(f"{path}: no field {name!r} in the schema")
+        spec = fields[name]
+        value = spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+        node = value
+    return value
