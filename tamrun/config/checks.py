@@ -12,7 +12,6 @@ from typing import Any
 
 from tamrun.config.schema import Config, DataSource, ModeName, schema_default
 from tamrun.errors import ConfigError
-from tamrun.memory.units import parse_size
 
 _DERIVED_KINDS = ("time_index", "isin", "expr")
 
@@ -72,8 +71,10 @@ def _check_memory(cfg: Config) -> None:
              "the overhead factor must be >= 1", _set_default("memory.overhead_factor"))
     _require(mem.max_chunk_rows is None or mem.max_chunk_rows >= 1, "memory.max_chunk_rows",
              mem.max_chunk_rows, "must be a positive number of rows or null", "set memory.max_chunk_rows=null")
+    _require(mem.min_chunk_rows >= 1, "memory.min_chunk_rows", mem.min_chunk_rows,
+             "must be a positive number of rows", _set_default("memory.min_chunk_rows"))
     try:
-        limit = parse_size(mem.limit)
+        limit = mem.limit_bytes
     except ValueError:
         raise ConfigError("memory.limit", mem.limit, "not a size",
                           "write a number of bytes or a size with a unit, e.g. memory.limit=2GiB") from None
@@ -108,6 +109,8 @@ def _check_solver(cfg: Config) -> None:
              "must be >= 0", _set_default("solver.dual_dense_counts_max"))
     _require(sol.dual_scatter_max_leaf_rows >= 0, "solver.dual_scatter_max_leaf_rows",
              sol.dual_scatter_max_leaf_rows, "must be >= 0", _set_default("solver.dual_scatter_max_leaf_rows"))
+    _require(sol.dual_scatter_pairs_per_step >= 1, "solver.dual_scatter_pairs_per_step",
+             sol.dual_scatter_pairs_per_step, "must be >= 1", _set_default("solver.dual_scatter_pairs_per_step"))
     _require(sol.dual_tile_rows >= 1, "solver.dual_tile_rows", sol.dual_tile_rows, "must be >= 1",
              _set_default("solver.dual_tile_rows"))
 

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type, TypeVa
 
 import torch
 
-from tamrun.config.schema import OomConfig
+from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import format_size
@@ -66,10 +66,12 @@ def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:
             except ValueError:
                 raise ConfigError(var, env[var], "not a valid number", f"unset {var} or give a number") from None
     if not 0 < settings.size_factor < 1:
-        raise ConfigError("OOM_SIZE_FACTOR", settings.size_factor, "must lie in (0, 1)", "use 0.7")
+        raise ConfigError("OOM_SIZE_FACTOR", settings.size_factor, "must lie in (0, 1)",
+                          f"use {schema_default('memory.oom.size_factor')}")
     if settings.max_retries < 0 or settings.delay_ms < 0:
         raise ConfigError("OOM_MAX_RETRIES/OOM_DELAY_MS", (settings.max_retries, settings.delay_ms),
-                          "must be >= 0", "use 3 and 200")
+                          "must be >= 0", f"use {schema_default('memory.oom.max_retries')} and "
+                                          f"{schema_default('memory.oom.delay_ms'):g}")
     return settings
 
 
