@@ -42,6 +42,18 @@ def test_markdown_table_shows_the_figures_and_the_outcomes():
     assert "`python -m tamrun.bench --peer-python ../peer-venv/bin/python`" in text
 
 
+def test_a_baseline_checkout_gets_its_own_ratio_table():
+    """--baseline: the same tamrun records relabelled as another checkout's, twice as slow."""
+    baseline = [{**r, "side": "baseline", "fit_seconds": 2 * r["fit_seconds"]}
+                for r in RECORDED["records"] if r["side"] == "tamrun" and r["status"] == "ok"]
+    records = RECORDED["records"] + baseline
+    by_model = {r.model: r for r in ratios(summarise(records), "baseline")}
+    assert by_model["fourier"].speedup == pytest.approx(2.0) and by_model["fourier"].rmse_difference == 0.0
+    text = markdown(records, RECORDED["header"])
+    assert "| model | fit speed-up (baseline / tamrun) |" in text and "| fourier | 2.00× | 1.00× | +0.0 |" in text
+    assert "| fourier | 3.50× | 3.00× | -4.0 |" in text  # the peer's table is still there
+
+
 def test_peer_formula_is_the_preset(compose_cfg):
     config, specs = typed_config(compose_cfg("model=spline"))
     assert peer_formula(config.data.target, specs) == (

@@ -3,14 +3,17 @@
     python -m tamrun.bench --peer-python ../peer-venv/bin/python                   # CPU, fourier + spline, r=3
     python -m tamrun.bench --peer-python ... --device cuda --cap 0.02
     python -m tamrun.bench --peer-python ... --models forest_fourier,forest_fourier:solver=direct
+    python -m tamrun.bench --models fourier,forest --baseline ../old-checkout -r 5   # tamrun old vs new
 
 A model is a preset, optionally followed by tamrun overrides after colons (``preset:key=value:...``);
 the peer fits the preset's formula, once per preset and repeat, shared by the rows of that preset.
 
 It installs nothing: the peer (tam-ml 1.5.0) lives in its own virtual environment, whose python is
 passed with --peer-python (without it only tamrun is measured). Both sides fit the same formula
-(translated from tamrun's preset), on the same data and split, on the same machine. A crash or a
-timeout is a recorded outcome. Writes <out>/bench-<device>-<time>.json and .md and prints the table.
+(translated from tamrun's preset), on the same data and split, on the same machine. --baseline adds
+a third side: tamrun from another checkout (its tamrun/ first on PYTHONPATH), interleaved with this
+one, to compare two versions of tamrun in one run. A crash or a timeout is a recorded outcome.
+Writes <out>/bench-<device>-<time>.json and .md and prints the table.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -68,11 +72,12 @@ def peer_arguments(model: str) -> List[str]:
             "--test-start", config.split.test_start, "--test-end", test_end]
 
 
-def run_child(command: List[str], timeout: float) -> dict:
-    """One fresh process; its BENCH_RESULT line, or a timeout / crash record."""
+def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None) -> dict:
+    """One fresh process (``env``: its environment, default this one's); its BENCH_RESULT line, or a
+    timeout / crash record."""
     began = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "timeout_s": timeout}
     for line in done.stdout.splitlines():
@@ -96,11 +101,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is recorded as a timeout")
     parser.add_argument("--peer-max-iter", type=int, default=None, help="cap on the peer's CG iterations (stated in the table)")
     parser.add_argument("--sides", default="tamrun,peer")
+    parser.add_argument("--baseline", help="another tamrun checkout, measured as the side 'baseline'")
     parser.add_argument("--out", default="outputs/bench")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     sides = [s for s in args.sides.split(",") if s == "tamrun" or (s == "peer" and args.peer_python)]
+    sides += ["baseline"] if args.baseline else []
+    baseline_env = {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())} if args.baseline else None
     if "peer" in args.sides and not args.peer_python:
         log.warning("no --peer-python: measuring tamrun only")
     common = ["--device", args.device] + (["--cap", str(args.cap)] if args.cap is not None else [])
@@ -113,10 +121,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             peer_args += ["--peer-max-iter", str(args.peer_max_iter)]
         for repeat in range(args.repeats):
             for side in sides:  # interleaved, so that drift hits both sides alike
-                if side == "tamrun":
+                if side in ("tamrun", "baseline"):
                     command = [sys.executable, "-m", "tamrun.bench.child", "--side", "tamrun", "--model", preset]
                     command += [f"--override={item}" for item in overrides]
-                    record = run_child(command + common, args.timeout)
+                    record = run_child(command + common, args.timeout, baseline_env if side == "baseline" else None)
                 elif (preset, repeat) in peer_runs:
                     record = dict(peer_runs[preset, repeat])
                 else:

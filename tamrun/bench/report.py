@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
-SIDES = ("tamrun", "peer")
+SIDES = ("tamrun", "baseline", "peer")  # baseline: tamrun from another checkout (--baseline)
 MIB = 2**20
 
 
@@ -56,7 +56,7 @@ def _outcome(records: List[dict]) -> str:
 
 
 def summarise(records: Iterable[dict]) -> List[SideSummary]:
-    """One summary per (model, side), models in first-seen order, tamrun before the peer."""
+    """One summary per (model, side), models in first-seen order, sides in the order of `SIDES`."""
     records = list(records)
     models = list(dict.fromkeys(r["model"] for r in records))
     out = []
@@ -81,17 +81,18 @@ def summarise(records: Iterable[dict]) -> List[SideSummary]:
 @dataclass
 class Ratio:
     model: str
-    speedup: Optional[float]  # peer fit median / tamrun fit median
-    memory: Optional[float]  # peer peak median / tamrun peak median
-    rmse_difference: Optional[float]  # tamrun RMSE - peer RMSE (MW)
+    speedup: Optional[float]  # other fit median / tamrun fit median
+    memory: Optional[float]  # other peak median / tamrun peak median
+    rmse_difference: Optional[float]  # tamrun RMSE - other RMSE (MW)
 
 
-def ratios(summaries: Sequence[SideSummary]) -> List[Ratio]:
-    """Peer over tamrun, per model, from the medians of the same invocation."""
+def ratios(summaries: Sequence[SideSummary], other: str = "peer") -> List[Ratio]:
+    """``other`` (the peer, or the baseline checkout) over tamrun, per model, from the medians of the
+    same invocation."""
     by_key: Dict[tuple, SideSummary] = {(s.model, s.side): s for s in summaries}
     out = []
     for model in dict.fromkeys(s.model for s in summaries):
-        ours, peer = by_key.get((model, "tamrun")), by_key.get((model, "peer"))
+        ours, peer = by_key.get((model, "tamrun")), by_key.get((model, other))
 
         def ratio(attr: str) -> Optional[float]:
             a = getattr(peer, attr, None) if peer else None
@@ -128,8 +129,10 @@ def markdown(records: Sequence[dict], header: Dict[str, str]) -> str:
             cg = f"{s.cg_iterations:.0f} / {_num(s.cg_residual, '.1e')}{cap}"
         lines.append(f"| {s.model} | {s.side} | {s.route or '–'} | {_spread(s.fit)} | {_spread(s.predict)} | "
                      f"{_spread(s.peak, MIB, 0)} | {_num(s.rmse, '.1f')} | {_num(s.mape, '.3f')} | {cg} | {s.outcome} |")
-    lines += ["", "| model | fit speed-up (peer / tamrun) | peak memory ratio (peer / tamrun) | RMSE tamrun − peer (MW) |",
-              "|---|---|---|---|"]
-    for r in ratios(summaries):
-        lines.append(f"| {r.model} | {_num(r.speedup, '.2f')}× | {_num(r.memory, '.2f')}× | {_num(r.rmse_difference, '+.1f')} |")
+    for other in [side for side in SIDES[1:] if any(s.side == side for s in summaries)]:
+        lines += ["", f"| model | fit speed-up ({other} / tamrun) | peak memory ratio ({other} / tamrun) | "
+                  f"RMSE tamrun − {other} (MW) |", "|---|---|---|---|"]
+        for r in ratios(summaries, other):
+            lines.append(f"| {r.model} | {_num(r.speedup, '.2f')}× | {_num(r.memory, '.2f')}× | "
+                         f"{_num(r.rmse_difference, '+.1f')} |")
     return "\n".join(lines) + "\n"
