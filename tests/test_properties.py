@@ -3,10 +3,18 @@ penalties, against a per-group float64 dense reference (np.linalg.solve of the n
 
 Tolerances (relative, per group, 2-norm): batched direct vs reference 1e-7 (the penalties reach
 1e-6 * I, so the systems' condition numbers reach ~1e8 at most: 1e8 * eps = 2e-8); chunked vs
-unchunked direct 1e-9 (another summation order of Phi'Phi); CG (tol 1e-13) vs direct 1e-6.
+unchunked direct max(1e-9, 64 eps kappa) with kappa the largest condition number of the groups'
+systems (another summation order of Phi'Phi perturbs A by a few eps |A|, and the solution by kappa
+times that: a group of one row with a tiny penalty reaches kappa ~ 1e8); CG (tol 1e-13) vs direct 1e-6.
+
+The examples are derandomised (a fixed sequence per test, no example database), so that the suite
+draws the same cases on every machine and in every fresh clone: it cannot pass or fail by luck.
+``HYPOTHESIS_PROFILE=explore`` draws new random cases, 1,000 per test, for exploration apart from CI.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pandas as pd
@@ -24,7 +32,12 @@ from tamrun.effects.spline import SplineEffect
 
 from test_dispatcher import fit, max_rel, reference_coefficients
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROFILES = {
+    "ci": settings(max_examples=100, deadline=None, derandomize=True, database=None,
+                   suppress_health_check=[HealthCheck.too_slow]),
+    "explore": settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+}
+SETTINGS = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 penalties = st.floats(min_value=-6.0, max_value=1.0, allow_nan=False)
 
 
@@ -56,6 +69,18 @@ def _whole(batch, design):
     return fit(batch, design, "direct", groups=len(batch.groups), rows=batch.x.shape[1])[0]
 
 
+def largest_condition_number(batch, design, jitter=1e-6) -> float:
+    """max over groups of cond(Phi'Phi / n + P + jitter I), in numpy float64 on the real rows."""
+    penalty = design.penalty().numpy()
+    worst = 1.0
+    for g in range(len(batch.groups)):
+        real = batch.weight[g].numpy() > 0
+        phi = design.design(batch.x[g:g + 1], slice(g, g + 1))[0].numpy()[real]
+        a = phi.T @ phi / real.sum() + penalty + jitter * np.eye(phi.shape[1])
+        worst = max(worst, float(np.linalg.cond(a)))
+    return worst
+
+
 @SETTINGS
 @given(problems())
 def test_batched_direct_equals_the_per_group_float64_reference(problem):
@@ -71,7 +96,8 @@ def test_chunked_equals_unchunked_for_any_chunk_size(problem, data):
     rows = data.draw(st.integers(1, batch.x.shape[1]), label="row chunk")
     chunked, stats, _ = fit(batch, design, "direct", groups=groups, rows=rows)
     assert stats.group_chunk == groups
-    assert max_rel(chunked, _whole(batch, design)) <= 1e-9
+    tolerance = max(1e-9, 64 * np.finfo(np.float64).eps * largest_condition_number(batch, design))
+    assert max_rel(chunked, _whole(batch, design)) <= tolerance
 
 
 @SETTINGS
