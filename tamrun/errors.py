@@ -50,3 +50,10 @@ class MemoryBudgetError(TamrunError):
     """Even the smallest chunk does not fit in the memory budget, or retries were spent."""
 
     kind = "memory"
+
+
+class NumericalError(TamrunError):
+    """The fit or its evaluation produced numbers that are not finite (a near-singular system, a
+    value beyond the dtype's range)."""
+
+    kind = "numerical"

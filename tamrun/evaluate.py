@@ -9,6 +9,7 @@ import pandas as pd
 import torch
 
 from tamrun.data.batch import GroupedBatch
+from tamrun.errors import NumericalError
 
 
 def predictions_table(frame: pd.DataFrame, batch: GroupedBatch, predicted: torch.Tensor, date_column: str,
@@ -27,14 +28,28 @@ def predictions_table(frame: pd.DataFrame, batch: GroupedBatch, predicted: torch
 
 
 def rmse(actual: np.ndarray, predicted: np.ndarray) -> float:
-    """sqrt(mean((y - yhat)^2))."""
-    return float(np.sqrt(np.mean((actual - predicted) ** 2)))
+    """sqrt(mean((y - yhat)^2)), computed as s sqrt(mean(((y - yhat) / s)^2)) with s = max |y - yhat|
+    so that no square overflows (a target near 1e200 has a finite RMSE)."""
+    error = np.asarray(actual, dtype=np.float64) - np.asarray(predicted, dtype=np.float64)
+    scale = float(np.max(np.abs(error))) if error.size else 0.0
+    if scale == 0.0 or not np.isfinite(scale):
+        return scale if error.size else float("nan")
+    return float(scale * np.sqrt(np.mean((error / scale) ** 2)))
 
 
 def mape(actual: np.ndarray, predicted: np.ndarray) -> float:
     """100 * mean(|y - yhat| / |y|) over rows with y != 0 (percent)."""
     nonzero = actual != 0
     return float(100.0 * np.mean(np.abs((actual[nonzero] - predicted[nonzero]) / actual[nonzero])))
+
+
+def require_finite(values: Dict[str, float], what: str, cause: str) -> None:
+    """`NumericalError` naming the first of ``values`` that is not finite (a run that produced one
+    never ends FINISHED)."""
+    bad = [name for name, value in values.items() if not np.isfinite(value)]
+    if bad:
+        raise NumericalError(bad[0], values[bad[0]], f"{what} is not finite ({len(bad)} value(s): "
+                             f"{', '.join(bad[:5])})", cause)
 
 
 def split_metrics(table: pd.DataFrame) -> Dict[str, float]:

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -26,7 +27,7 @@ from tamrun.data.split import carve_validation, split_by_date
 from tamrun.device import DeviceManager
 from tamrun.effects.design import AdditiveDesign, needed_columns
 from tamrun.effects.registry import build_effects
-from tamrun.errors import ConfigError, DataError
+from tamrun.errors import ConfigError, DataError, NumericalError
 from tamrun.evaluate import predictions_table
 from tamrun.fitted import FittedModel, predict_rows
 from tamrun.memory.footprint import problem_size
@@ -121,8 +122,15 @@ def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor
     if missing:
         raise ConfigError(field, path, f"group(s) {missing[:5]} are not in the table",
                           "warm-start from a run on the same data and groups")
-    values = table.drop(columns="group").to_numpy(dtype="float64")
-    return torch.as_tensor(values[[rows[str(g)] for g in groups]])
+    try:
+        values = table.drop(columns="group").to_numpy(dtype="float64")[[rows[str(g)] for g in groups]]
+    except ValueError:
+        raise ConfigError(field, path, "the coefficient columns hold values that are not numbers",
+                          "warm-start from a coefficients.csv logged by an earlier run") from None
+    if not np.isfinite(values).all():
+        raise ConfigError(field, path, "the coefficients hold NaN or infinite values",
+                          "warm-start from a run that finished, or set solver.warm_start=null")
+    return torch.as_tensor(values)
 
 
 @dataclass
@@ -150,6 +158,24 @@ class Fit:
         return predictions_table(frame, batch, self.predict(batch), recipe.date_column, recipe.group, split)
 
 
+def numerical_fix(config: Config) -> str:
+    """What to change when a fit's numbers are not finite, for this config."""
+    if config.dtype == DType.float32:
+        return "use dtype=float64 (float32 holds about 7 digits and values up to 3.4e38), or rescale the data"
+    return ("raise the penalties that are very small (model.intercept_ap, an effect's ap: a near-singular "
+            "system), or rescale the data")
+
+
+def check_coefficients(coef: torch.Tensor, groups: list, config: Config) -> None:
+    """`NumericalError` when a group's coefficients (G, D) are not all finite."""
+    finite = torch.isfinite(coef).all(dim=1)
+    if bool(finite.all()):
+        return
+    bad = [groups[i] for i in (~finite).nonzero().flatten().tolist()]
+    raise NumericalError("model", config.model.name, f"the fit's coefficients are not finite for {len(bad)} of "
+                         f"{len(groups)} group(s) (e.g. {bad[:5]})", numerical_fix(config))
+
+
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, loop: ChunkLoop,
           recipe: DataRecipe, on_iteration: Optional[Callable[[int, float], None]] = None) -> Fit:
     """Fit every group's coefficients along the plan, each chunk through ``loop`` (``on_iteration``:
@@ -161,6 +187,7 @@ def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager
     dispatcher = Dispatcher(design, devices, plan, config.solver, loop, initial, on_iteration)
     log.info("fitting %d groups, D=%d, route=%s", len(train.groups), design.width, plan.route)
     coef, stats = dispatcher.fit(train)
+    check_coefficients(coef, train.groups, config)
     # standalone predictions (the MLflow model, plots) in the group chunk the fit kept: it fitted in memory
     model = FittedModel(design, coef, train.groups, recipe, train.x.dtype, stats.group_chunk, plan.predict.rows)
     return Fit(model, plan, stats, train, devices.device, loop)

@@ -24,7 +24,7 @@ from tamrun.adaptive.fit import WindowFit, WindowFitter
 from tamrun.adaptive.plots import adaptive_figure
 from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates
 from tamrun.data.batch import GroupedBatch
-from tamrun.evaluate import mape, rmse
+from tamrun.evaluate import mape, require_finite, rmse
 from tamrun.fitted import prediction_batch
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.result import RunResult
@@ -32,7 +32,7 @@ from tamrun.memory.footprint import problem_size
 from tamrun.memory.guard import OomLog
 from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.tracker import MemoryTracker
-from tamrun.pipeline import Fit, solve
+from tamrun.pipeline import Fit, numerical_fix, solve
 from tamrun.progress import ChunkProgress
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -118,6 +118,8 @@ def adaptive_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         table = adaptive_table(past, fitted, static_history)
         steps = step_metrics(schedule, past.batch, fitted.forecast)
     metrics = _metrics(table, fitted, schedule, plan, recorder, prepared.oom_log, tracker)
+    require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static", "mape_test_static")},
+                   "a forecast metric", numerical_fix(config))
     log.info("adaptive: rmse_test=%.1f (static %.1f), %.4f s per refit, %d windows per batch",
              metrics["rmse_test"], metrics["rmse_test_static"], metrics["seconds_per_refit"],
              fitted.windows_per_batch)

@@ -53,11 +53,19 @@ def check_config(cfg: Config) -> None:
     """Raise `ConfigError` on the first out-of-range or inconsistent value (effects are checked
     when they are parsed, see `tamrun.config.effects.parse_effects`)."""
     _check_memory(cfg)
+    _check_model(cfg)
     _check_solver(cfg)
     _check_hw(cfg)
     _check_data(cfg)
     _check_adaptive(cfg)
     _check_tracking(cfg)
+
+
+def _check_model(cfg: Config) -> None:
+    ap = cfg.model.intercept_ap
+    _require(math.isfinite(ap) and -60 <= ap <= 20, "model.intercept_ap", ap,
+             "the intercept's log10 penalty is not a finite number in [-60, 20]",
+             _set_default("model.intercept_ap"))
 
 
 def _check_memory(cfg: Config) -> None:

@@ -70,8 +70,21 @@ def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group:
     weight[g_sorted, pos] = 1.0
     row_index = np.full((len(groups), n_max), -1, dtype=np.int64)
     row_index[g_sorted, pos] = rows
+    check_range({**{c: x[..., i] for i, c in enumerate(columns)}, target: y}, dtype)
     return GroupedBatch(list(groups), list(columns), torch.as_tensor(x, dtype=dtype), torch.as_tensor(y, dtype=dtype),
                         torch.as_tensor(weight, dtype=dtype), row_index)
+
+
+def check_range(columns: dict, dtype: torch.dtype) -> None:
+    """`DataError` naming the dtype when a column's values (float64 arrays) exceed what ``dtype`` holds
+    (they would turn infinite in the cast)."""
+    largest = torch.finfo(dtype).max
+    for name, values in columns.items():
+        peak = float(np.max(np.abs(values))) if values.size else 0.0
+        if peak > largest:
+            kind = str(dtype).replace("torch.", "")
+            raise DataError("dtype", kind, f"column {name!r} reaches {peak:.3g}, beyond {kind}'s range "
+                            f"({largest:.3g})", "use dtype=float64, or rescale the column")
 
 
 @dataclass

@@ -10,11 +10,11 @@ from typing import Dict
 
 import pandas as pd
 
-from tamrun.evaluate import predictions_table, split_metrics
+from tamrun.evaluate import predictions_table, require_finite, split_metrics
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
-from tamrun.pipeline import Fit, solve
+from tamrun.pipeline import Fit, numerical_fix, solve
 from tamrun.progress import ChunkProgress, IterationProgress
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -38,6 +38,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     with recorder.phase("evaluate"):
         table = evaluation_table(prepared, predicted_train, predicted_test, validation)
         metrics = split_metrics(table)
+        require_finite(metrics, "a forecast metric", numerical_fix(config))
     metrics.update(run_metrics(prepared, fit))
     log.info("rmse_train=%.1f rmse_test=%.1f mape_test=%.3f%% fit=%.2fs", metrics["rmse_train"], metrics["rmse_test"],
              metrics["mape_test"], metrics["fit_seconds"])
