@@ -9,7 +9,7 @@ from typing import Mapping
 
 import pandas as pd
 
-from tamrun.config.schema import DataConfig, DataSource
+from tamrun.config.schema import DataConfig, DataSource, NanPolicy
 from tamrun.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -43,15 +43,32 @@ def load_table(cfg: DataConfig) -> pd.DataFrame:
     if frame.empty:
         raise DataError("data.path", str(path), "the file has no rows", "give a CSV with at least one data row")
     require_columns(frame, {"data.date_column": cfg.date_column})
-    try:
-        frame[cfg.date_column] = pd.to_datetime(frame[cfg.date_column])
-    except (ValueError, TypeError) as exc:
-        raise DataError("data.date_column", cfg.date_column, f"its values are not dates ({exc})",
-                        "give ISO timestamps such as 2024-01-31 12:30:00") from None
+    frame = parse_dates(frame, cfg.date_column, cfg.nan_policy)
     sort_by = [cfg.date_column] + ([cfg.group] if cfg.group and cfg.group in frame.columns else [])
     frame = frame.sort_values(sort_by, kind="stable").reset_index(drop=True)
     log.info("loaded %d rows x %d columns from %s", len(frame), frame.shape[1], path)
     return frame
+
+
+def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy) -> pd.DataFrame:
+    """``frame`` with ``column`` parsed as timestamps. Timestamps with a UTC offset (``+01:00``,
+    ``Z``) are converted to UTC and the offset dropped, so that one table may mix offsets (summer and
+    winter time); timestamps without one are taken as they are. Blank cells are refused under
+    data.nan_policy=error and their rows dropped (with a log line) under drop."""
+    blank = frame[column].isna() | (frame[column].astype(str).str.strip() == "")
+    if bool(blank.any()):
+        if policy != NanPolicy.drop:
+            raise DataError("data.date_column", column, f"{int(blank.sum())} row(s) have no date (first at line "
+                            f"{int(blank.to_numpy().argmax()) + 2} of the file)",
+                            "fill the dates, or set data.nan_policy=drop to drop those rows")
+        log.warning("dropping %d row(s) without a date in column %r (data.nan_policy=drop)", int(blank.sum()), column)
+        frame = frame[~blank.to_numpy()].reset_index(drop=True)
+    try:
+        dates = pd.to_datetime(frame[column], utc=True).dt.tz_localize(None)
+    except (ValueError, TypeError) as exc:
+        raise DataError("data.date_column", column, f"its values are not dates ({exc})",
+                        "give ISO timestamps such as 2024-01-31 12:30:00") from None
+    return frame.assign(**{column: dates})
 
 
 def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
