@@ -19,8 +19,8 @@ import torch
 from tamrun.config.effects import effect_columns
 from tamrun.config.schema import Config, DType
 from tamrun.data.batch import GroupedBatch, build_batch
-from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_duplicate_dates, check_table,
-                                 drop_missing_groups, enforce)
+from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
+                                 check_duplicate_dates, check_table, check_target_leakage, drop_missing_groups, enforce)
 from tamrun.data.derive import DataRecipe, add_derived_columns
 from tamrun.data.load import load_table
 from tamrun.data.split import carve_validation, split_by_date
@@ -61,10 +61,12 @@ def load_splits(config: Config, specs: Dict[str, Any]) -> Splits:
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
     check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates)
+    check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
                         frame[data.date_column].min() if len(frame) else None)
     train, test = split_by_date(frame, config.split, data.date_column)
     check_constant_columns(train, effect_columns(specs), data.constant_features)
+    check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
     train, validation = carve_validation(train, config.split, data.date_column)
     return Splits(train, test, validation, recipe)
 

@@ -118,6 +118,9 @@ class DataConfig:
     # A group with fewer training rows than the model has coefficients (the penalties decide the rest;
     # normal for forest crossings solved in the dual form).
     small_groups: CheckPolicy = CheckPolicy.warn
+    # A model column constant within some groups of the training split (not all: see constant_features);
+    # those groups' effect learns nothing.
+    constant_in_group: CheckPolicy = CheckPolicy.warn
 
 
 @dataclass

@@ -89,3 +89,31 @@ def check_constant_columns(train: pd.DataFrame, columns: Mapping[str, str], poli
             enforce(policy, DataError(field, column, f"the column is constant over the training split "
                                       f"(value {plain(values.iloc[0])!r} in all {len(values)} rows): the effect learns nothing",
                                       "remove this effect, pick another column, or set data.constant_features=warn"))
+
+
+def check_target_leakage(frame: pd.DataFrame, columns: Mapping[str, str], target: str) -> None:
+    """No model column may be the target, or hold exactly the target's values (the model would read
+    the answer: a near-zero error that means nothing)."""
+    for field, column in columns.items():
+        if column == target or frame[column].equals(frame[target]):
+            how = "is the target column itself" if column == target else f"holds exactly the values of the target {target!r}"
+            raise DataError(field, column, f"the column {how}: the model would read the answer",
+                            "remove this effect, or give it a column known before the target (e.g. a lag)")
+
+
+def check_constant_in_groups(train: pd.DataFrame, columns: Mapping[str, str], group: Optional[str],
+                             policy: CheckPolicy) -> None:
+    """A model column constant within a group (but not overall) leaves that group's effect unlearnt:
+    a warning (or an error, per data.constant_in_group) naming the column and the groups."""
+    if not group:
+        return
+    for field, column in columns.items():
+        if column == group:
+            continue
+        distinct = train.groupby(group)[column].nunique(dropna=True)
+        constant = distinct.index[distinct <= 1].tolist()
+        if constant and len(constant) < len(distinct):
+            enforce(policy, DataError(field, column, f"the column is constant within {len(constant)} of "
+                                      f"{len(distinct)} group(s) of the training split (e.g. {[plain(g) for g in constant[:5]]}): "
+                                      "their effect learns nothing", "remove this effect, group differently, or set "
+                                      "data.constant_in_group=error to refuse such data"))
