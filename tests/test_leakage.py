@@ -1,6 +1,6 @@
 """Guards against silent nonsense: an effect on the target (or on a copy of it) is refused; a model
-column constant within some groups is named in a warning, or refused with data.constant_in_group=error.
-Real runs on the synthetic CSV."""
+column constant within some groups is named in a warning, or refused with data.constant_in_group=error;
+an objective that names no scored split is refused before the run. Real runs on the synthetic CSV."""
 
 from __future__ import annotations
 
@@ -48,3 +48,13 @@ def test_data_constant_in_group_error_refuses_it(compose_cfg, tmp_path):
     with pytest.raises(DataError, match=r"constant within 1 of 3 group\(s\) of the training split \(e.g. \[0\]\)"):
         run(compose_cfg(*csv_overrides(constant_in_group_zero(tmp_path)), "tracking=none",
                         "data.constant_in_group=error"))
+
+
+@pytest.mark.parametrize("objective,fix", [("rmse_tset", "use one of: rmse_train, rmse_test"),
+                                           ("mape_validation", "set split.validation_start")])
+def test_an_objective_no_split_scores_is_refused_before_the_run(compose_cfg, csv_path, store_uri, objective, fix):
+    from tamrun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"objective='{objective}': this run scores no split.*{fix}"):
+        run(compose_cfg(*csv_overrides(csv_path), f"objective={objective}"))
+    assert not Path(store_uri.removeprefix("sqlite:///")).exists()  # no MLflow run was started

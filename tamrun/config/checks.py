@@ -7,8 +7,9 @@ so that every default is written once, in `tamrun/config/schema.py`.
 from __future__ import annotations
 
 import math
+import re
 from enum import Enum
-from typing import Any
+from typing import Any, List
 
 from tamrun.config.schema import Config, DataSource, ModeName, schema_default
 from tamrun.errors import ConfigError
@@ -59,6 +60,7 @@ def check_config(cfg: Config) -> None:
     _check_data(cfg)
     _check_adaptive(cfg)
     _check_tracking(cfg)
+    _check_objective(cfg)
 
 
 def _check_model(cfg: Config) -> None:
@@ -173,3 +175,22 @@ def _check_tracking(cfg: Config) -> None:
                  "a wait must be a positive number of seconds", _set_default(f"tracking.{name}"))
     _require(bool(cfg.tracking.experiment), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", _set_default("tracking.experiment"))
+
+
+def scored_splits(cfg: Config) -> List[str]:
+    """The splits a run of this config scores as rmse_<split> and mape_<split>."""
+    if cfg.mode.name == ModeName.adaptive:
+        return ["test", "test_static"]
+    return ["train", "test"] + (["validation"] if cfg.split.validation_start else [])
+
+
+def _check_objective(cfg: Config) -> None:
+    """An objective of the form rmse_<split> / mape_<split> must name a split this run scores (checked
+    before anything runs; other metric names are checked once the run has logged its metrics)."""
+    match = re.fullmatch(r"(rmse|mape)_(\w+)", cfg.objective or "")
+    if match is None or cfg.mode.name == ModeName.plan:
+        return
+    splits = scored_splits(cfg)
+    hint = " (set split.validation_start to score a validation period)" if match[2] == "validation" else ""
+    _require(match[2] in splits, "objective", cfg.objective, f"this run scores no split {match[2]!r}{hint}",
+             f"use one of: {', '.join(f'{match[1]}_{split}' for split in splits)}")
