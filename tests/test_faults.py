@@ -82,7 +82,7 @@ def test_a_signal_mid_fit_ends_the_run_killed_promptly(tmp_path, csv_path, signu
     assert logged.data.tags["error_type"] in ("KeyboardInterrupt", "Terminated")
 
 
-def test_sigkill_mid_fit_leaves_the_store_readable_and_the_next_run_works(tmp_path, csv_path, compose_cfg):
+def test_sigkill_mid_fit_leaves_the_store_readable_and_the_next_run_marks_it_killed(tmp_path, csv_path, compose_cfg):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc, out = _start_endless_run(tmp_path, csv_path, store)
     proc.send_signal(signal.SIGKILL)
@@ -96,5 +96,23 @@ def test_sigkill_mid_fit_leaves_the_store_readable_and_the_next_run_works(tmp_pa
     # compose_cfg's own store is another file: point this run at the killed run's store
     following = run(compose_cfg(*csv_overrides(csv_path), f"tracking.uri={store}"))
     assert client.get_run(following.run_id).info.status == "FINISHED"
+    # the next run on the store finds the killed process gone and marks its run KILLED, saying why
+    assert client.get_run(stale.info.run_id).info.status == "KILLED"
+    reason = client.get_run(stale.info.run_id).data.tags["tamrun.killed_reason"]
+    assert f"pid {proc.pid}" in reason and following.run_id in reason
     statuses = sorted(r.info.status for r in client.search_runs(["1"]))
-    assert statuses == ["FINISHED", "RUNNING"]
+    assert statuses == ["FINISHED", "KILLED"]
+
+
+def test_a_running_run_whose_process_is_alive_is_left_alone(compose_cfg, csv_path, store_uri):
+    """A RUNNING run of a live process (this test's own) is not a stale run: the next run leaves it."""
+    from tamrun.config.schema import TrackingConfig
+    from tamrun.tracking.mlflow_run import TrackedRun
+
+    alive = TrackedRun(TrackingConfig(uri=store_uri), "alive", {})
+    alive.start_detached()
+    following = run(compose_cfg(*csv_overrides(csv_path), "tracking.log_plots=false", "tracking.log_model=false"))
+    client = MlflowClient(tracking_uri=store_uri)
+    assert client.get_run(alive.run_id).info.status == "RUNNING"
+    assert client.get_run(following.run_id).info.status == "FINISHED"
+    client.set_terminated(alive.run_id, status="FINISHED")

@@ -21,6 +21,7 @@ from tamrun.errors import ConfigError
 from tamrun.tracking.params import to_params
 from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.signals import signals_as_interrupts, signals_ignored
+from tamrun.tracking.stale import close_stale_runs, process_tags
 from tamrun.tracking.store import check_store, experiment_id, open_client, sqlite_path
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,16 @@ class TrackedRun:
         try:
             self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
             self.experiment_id = self._experiment_id()
-            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags)
+            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags={**self.tags, **process_tags()})
         except (MlflowException, SQLAlchemyError, OSError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
             raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({reason})",
                               "point tracking.uri at a reachable, writable store, or set tracking.enabled=false") from None
         self.run_id = run.info.run_id
+        try:
+            close_stale_runs(self.client, self.experiment_id, self.run_id)
+        except (MlflowException, SQLAlchemyError, OSError) as exc:  # housekeeping must not fail the run
+            log.warning("could not look for runs left RUNNING by a lost process: %s", exc)
 
     def _experiment_id(self) -> str:
         db = sqlite_path(self.uri)
