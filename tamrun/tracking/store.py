@@ -7,7 +7,11 @@ fresh file, and experiments are created by name; two processes doing either at o
 - every sqlite connection waits up to ``busy_timeout_s`` for a lock (the pysqlite ``timeout``
   in the URI) instead of failing at once;
 - the store's first opening (creation, migration) and the creation of an experiment happen under
-  an inter-process file lock beside the database (``<db>.lock``).
+  an inter-process file lock beside the database (``<db>.lock``);
+- a new store is created and migrated in a temporary file beside it, then renamed into place: an
+  interrupt at any instant leaves either no store or a complete one (never a half-migrated file);
+- a store left half-migrated by an older version (no ``alembic_version``, or MLflow's temporary
+  ``_alembic_tmp_*`` tables) that holds no run is moved aside and created anew, with a warning.
 
 Other stores (http, postgresql, ...) are opened as they are.
 """
@@ -16,7 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
+import sqlite3
+import time
 from pathlib import Path
 from typing import Iterator, Optional
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -90,33 +97,73 @@ def store_lock(uri: str, timeout_s: float) -> Iterator[None]:
         lock.release()
 
 
+def broken_store(db: Path) -> Optional[str]:
+    """Why the sqlite file ``db`` is not a complete MLflow store (None when it looks complete)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            version = con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] if "alembic_version" in tables else 0
+    except sqlite3.DatabaseError as exc:
+        return f"not a readable sqlite database ({exc})"
+    leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if leftovers:
+        return f"an interrupted migration left {', '.join(leftovers)}"
+    if tables and not version:
+        return "its tables were never stamped with a schema version (an interrupted creation)"
+    return None
+
+
+def store_runs(db: Path) -> int:
+    """How many runs the sqlite store ``db`` holds (0 when it has no runs table or cannot be read)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            return int(con.execute("SELECT count(*) FROM runs").fetchone()[0])
+    except sqlite3.DatabaseError:
+        return 0
+
+
+def create_store(db: Path, busy_timeout_s: float) -> None:
+    """Create and migrate a sqlite store at ``db`` through a temporary file renamed into place (call
+    under the store's lock: stale temporary files of interrupted creations are removed first)."""
+    from mlflow.tracking import MlflowClient
+
+    for stale in db.parent.glob(f".{db.name}.creating-*"):
+        stale.unlink(missing_ok=True)
+    building = db.with_name(f".{db.name}.creating-{os.getpid()}")
+    try:
+        MlflowClient(tracking_uri=with_busy_timeout(f"sqlite:///{building}", busy_timeout_s)).search_experiments(
+            max_results=1)
+        os.replace(building, db)
+    finally:
+        building.unlink(missing_ok=True)
+    log.info("created the MLflow store %s", db)
+
+
+def repair_store(uri: str, db: Path) -> None:
+    """Move aside a half-created store that holds no run (it is recreated); refuse one that holds runs."""
+    reason = broken_store(db)
+    if reason is None:
+        return
+    if store_runs(db):
+        raise ConfigError("tracking.uri", uri, f"the store is damaged: {reason}",
+                          f"move {db} aside (its runs can be read with sqlite3) and run again, or point tracking.uri "
+                          "at another store")
+    aside = db.with_name(f"{db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(db, aside)
+    log.warning("the MLflow store %s was left half-created (%s) and held no run: moved to %s and created anew",
+                db, reason, aside)
+
+
 def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float):
     """An `MlflowClient` on ``uri`` whose store exists and is migrated (created under the lock)."""
     from mlflow.tracking import MlflowClient
 
+    db = sqlite_path(uri)
     with store_lock(uri, lock_timeout_s):
+        if db is not None and db.exists():
+            repair_store(uri, db)
+        if db is not None and not db.exists():
+            create_store(db, busy_timeout_s)
         client = MlflowClient(tracking_uri=with_busy_timeout(uri, busy_timeout_s))
         client.search_experiments(max_results=1)  # the store is open: tables and migrations done, once
     return client
-
-
-def experiment_id(client, uri: str, name: str, artifact_location: Optional[str], lock_timeout_s: float,
-                  tags: Optional[dict] = None) -> str:
-    """The id of experiment ``name``, created (under the store's lock, with ``tags``) if absent."""
-    from mlflow.exceptions import MlflowException
-
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    with store_lock(uri, lock_timeout_s):
-        found = client.get_experiment_by_name(name)  # created meanwhile by another process?
-        if found is not None:
-            return found.experiment_id
-        log.info("creating MLflow experiment '%s'", name)
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
-        except MlflowException:  # a remote store without our lock: created meanwhile by another job
-            found = client.get_experiment_by_name(name)
-            if found is None:
-                raise
-            return found.experiment_id

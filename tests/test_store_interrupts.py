@@ -1,0 +1,95 @@
+"""A new sqlite store survives an interrupt at any instant of its creation: the first run of a new
+user, stopped by Ctrl-C (SIGINT) or killed (SIGKILL) while MLflow creates and migrates the tables,
+leaves either no store or a complete one, and the next run opens it. A store half-created by an older
+version is moved aside and created anew when it holds no run. Real processes, real sqlite files."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tamrun.errors import ConfigError
+from tamrun.tracking.store import broken_store, open_client
+
+INSTANTS = 20
+CREATE = """
+import sys
+from mlflow.tracking import MlflowClient  # imported before 'ready': the interrupt falls in the creation
+from tamrun.tracking.store import open_client
+print("ready", flush=True)
+open_client(sys.argv[1], 60, 60)
+print("created", flush=True)
+"""
+
+
+def creation_seconds(tmp_path: Path) -> float:
+    """How long one uninterrupted creation takes after the imports (the span the instants cover)."""
+    proc = subprocess.Popen([sys.executable, "-c", CREATE, f"sqlite:///{tmp_path / 'timing.db'}"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    began = time.monotonic()
+    assert proc.stdout.readline().strip() == "created"
+    seconds = time.monotonic() - began
+    proc.wait(timeout=60)
+    return seconds
+
+
+def usable(uri: str) -> None:
+    """The store opens, and an experiment and a run can be created and ended in it."""
+    client = open_client(uri, 60, 60)
+    experiment = client.create_experiment(f"check-{time.monotonic_ns()}")
+    run = client.create_run(experiment)
+    client.log_metric(run.info.run_id, "x", 1.0)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_an_interrupt_at_any_instant_of_the_creation_leaves_a_store_the_next_run_uses(tmp_path):
+    span = creation_seconds(tmp_path)
+    outcomes = []
+    for i in range(INSTANTS):
+        db = tmp_path / f"store{i}" / "mlflow.db"
+        uri = f"sqlite:///{db}"
+        signum = signal.SIGINT if i % 2 == 0 else signal.SIGKILL
+        proc = subprocess.Popen([sys.executable, "-c", CREATE, uri], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(span * i / INSTANTS)  # instants spread over the creation
+        proc.send_signal(signum)
+        proc.wait(timeout=60)
+        outcomes.append("complete" if db.exists() else "none")
+        assert not db.exists() or broken_store(db) is None, f"instant {i}: {broken_store(db)}"
+        usable(uri)
+    assert "none" in outcomes  # some interrupts did land inside the creation
+
+
+def test_a_half_created_store_without_runs_is_moved_aside_and_created_anew(tmp_path, caplog):
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:  # what an interrupted migration of an older version leaves
+        con.execute("CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name TEXT)")
+        con.execute("CREATE TABLE _alembic_tmp_experiments (experiment_id INTEGER PRIMARY KEY)")
+    assert "interrupted migration" in broken_store(db)
+    usable(f"sqlite:///{db}")
+    assert broken_store(db) is None
+    assert len(list(tmp_path.glob("mlflow.db.broken-*"))) == 1
+    assert "moved to" in caplog.text
+
+
+def test_a_damaged_store_that_holds_runs_is_refused_not_touched(tmp_path):
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE runs (run_uuid TEXT)")
+        con.execute("INSERT INTO runs VALUES ('a')")
+        con.execute("CREATE TABLE _alembic_tmp_runs (run_uuid TEXT)")
+    before = db.read_bytes()
+    with pytest.raises(ConfigError, match="tracking.uri.*the store is damaged.*move .* aside"):
+        open_client(f"sqlite:///{db}", 60, 60)
+    assert db.read_bytes() == before
