@@ -167,3 +167,25 @@ def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float):
         client = MlflowClient(tracking_uri=with_busy_timeout(uri, busy_timeout_s))
         client.search_experiments(max_results=1)  # the store is open: tables and migrations done, once
     return client
+
+
+def experiment_id(client, uri: str, name: str, artifact_location: Optional[str], lock_timeout_s: float,
+                  tags: Optional[dict] = None) -> str:
+    """The id of experiment ``name``, created (under the store's lock, with ``tags``) if absent."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    with store_lock(uri, lock_timeout_s):
+        found = client.get_experiment_by_name(name)  # created meanwhile by another process?
+        if found is not None:
+            return found.experiment_id
+        log.info("creating MLflow experiment '%s'", name)
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
+        except MlflowException:  # a remote store without our lock: created meanwhile by another job
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
