@@ -29,20 +29,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     from tamrun.errors import ConfigError, TamrunError
     from tamrun.runner import run
     from tamrun.tracking.signals import exit_code
-    from tamrun.tracking.sweep import objective_name, sweep_tags
+    from tamrun.tracking.sweep import objective_name, record_refused_job, sweep_tags
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     register_configs()
-    started = []
+    started, failed = [], []
 
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def app(cfg: DictConfig) -> Optional[float]:
         started.append(True)
         hydra_cfg = HydraConfig.get()
         overrides = list(hydra_cfg.overrides.task)
-        tags = (sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides)
-                if hydra_cfg.mode == RunMode.MULTIRUN else {})
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
         try:
             result = run(cfg, overrides=overrides, tags=tags)
             if cfg.mode.name == "plan":
@@ -56,11 +56,19 @@ def main(argv: Optional[List[str]] = None) -> None:
             if HydraConfig.get().verbose or os.environ.get("TAMRUN_DEBUG"):
                 traceback.print_exc()
             sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
-            sys.exit(2)
+            if not multirun:
+                sys.exit(2)
+            failed.append(hydra_cfg.job.num)  # the sweep goes on: every job runs whatever another did
+            if exc.run_id is None:
+                record_refused_job(cfg, tags, exc)
+            return float("nan")
         return result.metrics[objective]
 
     try:
         app()
+        if failed:  # jobs run in this process (basic launcher); others are counted by the sweep callback
+            sys.stderr.write(f"tamrun: sweep job(s) {', '.join(map(str, failed))} failed on bad input\n")
+            raise SystemExit(2)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP as tamrun.tracking.signals.Terminated
         sys.stderr.write(f"tamrun: interrupted ({exc or 'SIGINT'}); the MLflow run, if started, is marked KILLED\n")
         raise SystemExit(exit_code(exc)) from None

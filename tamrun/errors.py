@@ -6,7 +6,7 @@ message, without a traceback; anything else is an internal error.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 class TamrunError(Exception):
@@ -19,6 +19,7 @@ class TamrunError(Exception):
     """
 
     kind = "error"
+    run_id: Optional[str] = None  # the MLflow run the error ended (FAILED), set by the runner; None before one
 
     def __init__(self, field: str, value: Any, problem: str, fix: str) -> None:
         self.field = field

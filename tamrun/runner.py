@@ -19,6 +19,7 @@ from tamrun.adaptive.job import adaptive_job
 from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName
 from tamrun.device import DeviceManager
+from tamrun.errors import TamrunError
 from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
@@ -61,10 +62,14 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
         return plan_job(prepare(config, specs, devices, warm_meter=False))
     with TrackedRun(config.tracking, run_name=f"{config.model.name}-{config.data.name}",
                     tags=run_tags(config, tags)) as tracked:
-        log_config(tracked, cfg, overrides)
-        devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
-        tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
-        result = TRACKED_JOBS[config.mode.name](prepare(config, specs, devices), tracked)
+        try:
+            log_config(tracked, cfg, overrides)
+            devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
+            tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
+            result = TRACKED_JOBS[config.mode.name](prepare(config, specs, devices), tracked)
+        except TamrunError as error:
+            error.run_id = tracked.run_id  # the run this error ends FAILED
+            raise
         result.run_id = tracked.run_id
     return result
 

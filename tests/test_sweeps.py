@@ -139,3 +139,23 @@ def test_help_lists_the_groups_the_experiment_and_the_launchers(tmp_path):
     for line in ("experiment: tune_penalties", "model: custom, forest, forest_big, forest_fourier, fourier, spline",
                  "hydra/launcher=parallel|slurm|ray_cluster|submitit_local", "docs/sweeps.md"):
         assert line in done.stdout, done.stdout[:2000]
+
+
+@pytest.mark.parametrize("bad", ["model.intercept_ap=100", "+model.effects.sx.column=nowhere"],
+                         ids=["refused-by-the-config-checks", "refused-by-the-data-checks"])
+def test_a_bad_middle_job_fails_alone_and_the_sweep_exits_non_zero(tmp_path, csv_path, bad):
+    """3 jobs, the middle one with bad input (refused before its run starts, or after): jobs 1 and 3
+    FINISHED, job 2 FAILED with its error, the parent's summary lists all three, exit code 2."""
+    store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    key, value = bad.lstrip("+").split("=")
+    good = {"model.intercept_ap": "-9", "model.effects.sx.column": "x"}[key]
+    done = tamrun("-m", *sweep_args(csv_path, store, sweep_dir), f"{key}={good},{value},{good}",
+                  "tracking.log_plots=false", "tracking.log_model=false", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "1 of 3 sweep job(s) did not finish (job(s) 1)" in done.stderr and "Traceback" not in done.stderr
+    client, parent, children = sweep_runs(store, sweep_dir)
+    assert [r.info.status for r in children] == ["FINISHED", "FAILED", "FINISHED"]
+    assert children[1].data.tags["error_type"] in ("ConfigError", "DataError") and value in children[1].data.tags["error"]
+    summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/summary.csv", str(tmp_path)))
+    assert summary["job"].tolist() == [0, 1, 2] and summary["status"].tolist() == ["FINISHED", "FAILED", "FINISHED"]
+    assert parent.info.status == "FAILED"

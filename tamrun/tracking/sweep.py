@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -67,6 +68,29 @@ def sweep_tags(sweep_dir: str, job_num: int, overrides: List[str]) -> Dict[str, 
     if info.get("parent_run_id"):
         tags[PARENT_TAG] = info["parent_run_id"]
     return tags
+
+
+def record_refused_job(config: DictConfig, tags: Dict[str, str], error: Exception) -> None:
+    """A FAILED run for a sweep job refused before its own run started (bad input found by the config
+    checks), so that the job has a status of its own and the parent's summary lists it."""
+    from tamrun.errors import TamrunError
+    from tamrun.tracking.mlflow_run import TrackedRun
+
+    try:
+        settings = tracking_settings(config)
+    except Exception as exc:  # the tracking group itself is the bad input: nowhere to record the job
+        log.warning("the refused job could not be recorded (%s)", exc)
+        return
+    if not settings.enabled:
+        return
+    name = f"{config.model.get('name', 'model')}-{config.data.get('name', 'data')}"
+    tracked = TrackedRun(settings, run_name=name, tags={**tags, "error_type": type(error).__name__,
+                                                        "error": str(error)[:5000]})
+    try:
+        tracked.start_detached()
+        tracked.client.set_terminated(tracked.run_id, status="FAILED")
+    except TamrunError as exc:
+        log.warning("the refused job could not be recorded (%s)", exc)
 
 
 def summary_table(client: Any, experiment_id: str, sweep_id: str, parent_run_id: Optional[str]) -> pd.DataFrame:
@@ -129,10 +153,17 @@ class SweepCallback(Callback):
                  info.get("parent_run_id"), sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Close the parent run; a sweep with a job that did not finish exits with code 2."""
         info = read_sweep_file(str(config.hydra.sweep.dir))
-        if info.get("parent_run_id"):
-            close_sweep(info, objective_name(config))
         self._open = None
+        if not info.get("parent_run_id"):
+            return
+        table = close_sweep(info, objective_name(config))
+        failed = table[table["status"] != "FINISHED"] if len(table) else table
+        if len(failed):
+            sys.stderr.write(f"tamrun: {len(failed)} of {len(table)} sweep job(s) did not finish (job(s) "
+                             f"{', '.join(str(j) for j in failed['job'])}); summary in run {info['parent_run_id']}\n")
+            raise SystemExit(2)
 
     def _close_abandoned(self) -> None:
         if self._open is not None:
