@@ -97,12 +97,15 @@ def store_lock(uri: str, timeout_s: float) -> Iterator[None]:
         lock.release()
 
 
-def broken_store(db: Path) -> Optional[str]:
-    """Why the sqlite file ``db`` is not a complete MLflow store (None when it looks complete)."""
+def broken_store(db: Path, busy_timeout_s: float = 60.0) -> Optional[str]:
+    """Why the sqlite file ``db`` is not a complete MLflow store, or None when it looks complete (or
+    cannot be read now because another process holds it: that is MLflow's busy wait, not damage)."""
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=busy_timeout_s)) as con:
             tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] if "alembic_version" in tables else 0
+    except sqlite3.OperationalError:  # locked or busy past the wait: not evidence of damage
+        return None
     except sqlite3.DatabaseError as exc:
         return f"not a readable sqlite database ({exc})"
     leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
@@ -113,13 +116,14 @@ def broken_store(db: Path) -> Optional[str]:
     return None
 
 
-def store_runs(db: Path) -> int:
-    """How many runs the sqlite store ``db`` holds (0 when it has no runs table or cannot be read)."""
+def store_runs(db: Path, busy_timeout_s: float = 60.0) -> Optional[int]:
+    """How many runs the sqlite store ``db`` holds: 0 without a runs table, None when it cannot be read."""
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-            return int(con.execute("SELECT count(*) FROM runs").fetchone()[0])
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=busy_timeout_s)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return int(con.execute("SELECT count(*) FROM runs").fetchone()[0]) if "runs" in tables else 0
     except sqlite3.DatabaseError:
-        return 0
+        return None
 
 
 def create_store(db: Path, busy_timeout_s: float) -> None:
@@ -139,12 +143,13 @@ def create_store(db: Path, busy_timeout_s: float) -> None:
     log.info("created the MLflow store %s", db)
 
 
-def repair_store(uri: str, db: Path) -> None:
-    """Move aside a half-created store that holds no run (it is recreated); refuse one that holds runs."""
-    reason = broken_store(db)
+def repair_store(uri: str, db: Path, busy_timeout_s: float) -> None:
+    """Move aside a half-created store that holds no run (it is then recreated); refuse a damaged one
+    that holds runs, or whose runs cannot be counted, and leave it untouched."""
+    reason = broken_store(db, busy_timeout_s)
     if reason is None:
         return
-    if store_runs(db):
+    if store_runs(db, busy_timeout_s) != 0:
         raise ConfigError("tracking.uri", uri, f"the store is damaged: {reason}",
                           f"move {db} aside (its runs can be read with sqlite3) and run again, or point tracking.uri "
                           "at another store")
@@ -161,7 +166,7 @@ def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float):
     db = sqlite_path(uri)
     with store_lock(uri, lock_timeout_s):
         if db is not None and db.exists():
-            repair_store(uri, db)
+            repair_store(uri, db, busy_timeout_s)
         if db is not None and not db.exists():
             create_store(db, busy_timeout_s)
         client = MlflowClient(tracking_uri=with_busy_timeout(uri, busy_timeout_s))
