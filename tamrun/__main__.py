@@ -17,52 +17,62 @@ REFUSED_HINT = ("tamrun: config error: Hydra refused the command line (message a
                 "or pick an option listed by `python -m tamrun --help`\n")
 
 
+def run_job(cfg, failed: List[int]) -> Optional[float]:
+    """One job of ``python -m tamrun`` (one run, or one job of a multirun): its objective for the
+    sweeper. Bad input exits 2 with one message; in a multirun the job fails alone (appended to
+    ``failed``, NaN to the sweeper) and the sweep goes on."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from tamrun.errors import ConfigError, TamrunError
+    from tamrun.runner import run
+    from tamrun.tracking.sweep import objective_name, record_refused_job, sweep_tags
+
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
+    try:
+        result = run(cfg, overrides=overrides, tags=tags)
+        if cfg.mode.name == "plan":
+            sys.stdout.write(result.plan.describe() + "\n")
+            return None
+        objective = objective_name(cfg)
+        if objective not in result.metrics:
+            raise ConfigError("objective", objective, "this run logged no such metric",
+                              f"use one of: {', '.join(sorted(result.metrics))}")
+    except TamrunError as exc:
+        if hydra_cfg.verbose or os.environ.get("TAMRUN_DEBUG"):
+            traceback.print_exc()
+        sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
+        if not multirun:
+            sys.exit(2)
+        failed.append(hydra_cfg.job.num)  # the sweep goes on: every job runs whatever another did
+        if exc.run_id is None:
+            record_refused_job(cfg, tags, exc)
+        return float("nan")
+    return result.metrics[objective]
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Run with ``argv`` (default: the command line's arguments)."""
     import hydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
     from omegaconf import DictConfig
 
     from tamrun.config.load import config_dir
     from tamrun.config.store import register_configs
-    from tamrun.errors import ConfigError, TamrunError
-    from tamrun.runner import run
     from tamrun.tracking.signals import exit_code
-    from tamrun.tracking.sweep import objective_name, record_refused_job, sweep_tags
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     register_configs()
-    started, failed = [], []
+    started: List[bool] = []
+    failed: List[int] = []
 
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def app(cfg: DictConfig) -> Optional[float]:
         started.append(True)
-        hydra_cfg = HydraConfig.get()
-        overrides = list(hydra_cfg.overrides.task)
-        multirun = hydra_cfg.mode == RunMode.MULTIRUN
-        tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
-        try:
-            result = run(cfg, overrides=overrides, tags=tags)
-            if cfg.mode.name == "plan":
-                sys.stdout.write(result.plan.describe() + "\n")
-                return None
-            objective = objective_name(cfg)
-            if objective not in result.metrics:
-                raise ConfigError("objective", objective, "this run logged no such metric",
-                                  f"use one of: {', '.join(sorted(result.metrics))}")
-        except TamrunError as exc:
-            if HydraConfig.get().verbose or os.environ.get("TAMRUN_DEBUG"):
-                traceback.print_exc()
-            sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
-            if not multirun:
-                sys.exit(2)
-            failed.append(hydra_cfg.job.num)  # the sweep goes on: every job runs whatever another did
-            if exc.run_id is None:
-                record_refused_job(cfg, tags, exc)
-            return float("nan")
-        return result.metrics[objective]
+        return run_job(cfg, failed)
 
     try:
         app()
