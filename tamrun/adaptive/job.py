@@ -112,7 +112,7 @@ def adaptive_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
              plan.windows, plan.groups, plan.budget)
     tracker = MemoryTracker(plan.budget if prepared.limit is not None else None, plan.plan.overhead)
     loop = prepared.chunk_loop(ChunkProgress(config.progress.value, "windows"), tracker)
-    with recorder.phase("adaptive", config.memory.meter):
+    with recorder.phase("adaptive", prepared.metered):
         fitted = WindowFitter(config, static.model.design, devices, past.batch, schedule, plan, loop).fit()
     with recorder.phase("evaluate"):
         table = adaptive_table(past, fitted, static_history)

@@ -30,7 +30,8 @@ class Prepared:
 
     ``limit``: memory.limit in bytes (None: no cap); ``tracker``: the plan's budget under that limit
     (unlimited without one), which every chunk is charged to; ``oom_log``: the run's OOM events;
-    ``recorder``: the phases and the memory timeline."""
+    ``recorder``: the phases and the memory timeline; ``metered``: the solve / predict / window phases
+    count their tensor bytes (memory.meter, off when the meter could not warm up)."""
 
     config: Config
     specs: Dict[str, Any]
@@ -43,6 +44,7 @@ class Prepared:
     recorder: PhaseRecorder
     tracker: MemoryTracker
     oom_log: OomLog
+    metered: bool = False
 
     def chunk_loop(self, progress: ProgressCallback = no_progress,
                    tracker: Optional[MemoryTracker] = None) -> ChunkLoop:
@@ -55,8 +57,7 @@ class Prepared:
 def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_meter: bool = True) -> Prepared:
     """The data and features phases and the plan. ``warm_meter``: warm the tensor meter up first (when
     a metered phase follows), so that its one-time cost is not charged to the first metered phase."""
-    if warm_meter and config.memory.meter:
-        TensorMeter.warm_up()
+    metered = config.memory.meter and (TensorMeter.warm_up() if warm_meter else True)
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
     recorder = PhaseRecorder(devices)
@@ -68,4 +69,5 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_
                                 splits.test)
     plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1])
     tracker = MemoryTracker(plan.budget if limit is not None else None, plan.overhead)
-    return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog())
+    return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog(),
+                    metered)

@@ -37,19 +37,26 @@ T = TypeVar("T")
 ProgressCallback = Callable[[str, int, int], None]
 
 
+# What torch's allocators say when they fail without a dedicated type (lower case): the CPU
+# allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...",
+# "... not enough memory ..."), MPS ("MPS backend out of memory") and XPU ("XPU out of memory").
+OOM_MESSAGES = ("can't allocate memory", "not enough memory", "out of memory")
+
+
 def oom_exception_types() -> Tuple[Type[BaseException], ...]:
-    """Exception types that mean out-of-memory on any backend (MPS/XPU raise RuntimeError, see
-    `is_oom`)."""
+    """Exception types that can mean out-of-memory on any backend (a RuntimeError only with one of
+    `OOM_MESSAGES`, see `is_oom`)."""
     return (torch.OutOfMemoryError, MemoryError, RuntimeError)
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for an out-of-memory error. torch.OutOfMemoryError and MemoryError (the tracker's
-    BudgetExceeded included) by type; a RuntimeError only when it is the MPS/XPU allocator's out-of-memory error."""
+    """True for an out-of-memory error: torch.OutOfMemoryError and MemoryError (the tracker's
+    BudgetExceeded included) by type; a RuntimeError when its message is an allocator's failure
+    (`OOM_MESSAGES`: the CPU allocator's "can't allocate memory", "not enough memory", MPS / XPU)."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and (
-        "mps" in str(exc).lower() or "xpu" in str(exc).lower())
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(message in text for message in OOM_MESSAGES)
 
 
 def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:
