@@ -4,7 +4,7 @@ memory accounting (phase recorder, tracker, OOM log).
     prepare(config, specs, devices) -> Prepared
         data      load, derive, check, split (train / validation / test)          -> Splits
         features  training batch + fitted design; the test rows as a batch         -> Features, test batch
-        plan      the oracle's route and chunks under memory.limit                 -> Plan
+        plan      the oracle's route and chunks under memory.limit and the real limits -> Plan
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class Prepared:
     """Everything a job starts from.
 
     ``limit``: memory.limit in bytes (None: no cap); ``tracker``: the plan's budget under that limit
-    (unlimited without one), which every chunk is charged to; ``oom_log``: the run's OOM events;
+    or the real one that binds (unlimited when only the available RAM binds), which every chunk is
+    charged to; ``oom_log``: the run's OOM events;
     ``recorder``: the phases and the memory timeline; ``metered``: the solve / predict / window phases
     count their tensor bytes (memory.meter, off when the meter could not warm up)."""
 
@@ -68,6 +69,7 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_
         test = prediction_batch(features.design, features.train.groups, splits.recipe, features.train.x.dtype,
                                 splits.test)
     plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1])
-    tracker = MemoryTracker(plan.budget if limit is not None else None, plan.overhead)
+    # every chunk is charged to the plan's budget when a hard limit binds it (memory.limit, cgroup, rlimits)
+    tracker = MemoryTracker(plan.budget if limit is not None or plan.hard_bound else None, plan.overhead)
     return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog(),
                     metered)
