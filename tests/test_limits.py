@@ -4,11 +4,13 @@ files, the oracle naming the binding limit, and real runs under a memory cgroup 
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional, Tuple
 
 import pytest
 
@@ -113,7 +115,7 @@ def test_a_limit_keeps_its_margin_and_says_what_to_change():
     limit = Limit("cgroup", 600 * MiB, 250 * MiB, "/sys/fs/cgroup/memory/job", margin=64 * MiB)
     assert limit.left == 286 * MiB and limit.need(100 * MiB) == 414 * MiB
     assert "the cgroup limit of 600.00 MiB" in limit.describe() and "286.00 MiB left" in limit.describe()
-    assert "cgroup limit is at least 414.00 MiB" in limit.fix(100 * MiB)
+    assert "raise the cgroup limit to at least 414.00 MiB (SLURM --mem" in limit.fix(100 * MiB)
     assert Limit("cgroup", 10, 50).left == 0
 
 
@@ -130,6 +132,115 @@ def test_the_oracle_names_the_binding_limit():
     tight = Limit("cgroup", 300 * MiB, 290 * MiB, "/sys/fs/cgroup/memory/job", margin=8 * MiB)
     minimal = oracle.minimal_limit(small_problem())
     with pytest.raises(MemoryBudgetError, match=r"^cgroup='300.00 MiB': the \w+ step needs .* under the cgroup limit of "
-                                                r"300.00 MiB .* Fix: give the job more memory") as refused:
+                                                r"300.00 MiB .* Fix: raise the cgroup limit to at least") as refused:
         oracle.plan(small_problem(), tight.left, bound=tight)
     assert f"at least {tight.need(minimal) / MiB:.2f} MiB" in str(refused.value)
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def tamrun_under(limit: Optional[int], *args: str, cwd: Path, prlimit_as: Optional[int] = None) -> Tuple[int, str, int]:
+    """Run ``python -m tamrun args`` in a fresh child memory cgroup of ``limit`` bytes (None: no
+    cgroup) or under ``prlimit --as``; (exit code, stdout + stderr, the cgroup's peak usage)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    command = [sys.executable, "-m", "tamrun", *args]
+    if prlimit_as is not None:
+        command = [shutil.which("prlimit"), f"--as={prlimit_as}", *command]
+    if limit is None:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+        return done.returncode, done.stdout + done.stderr, 0
+    group = CGROUP_V1 / f"tamrun-test-{os.getpid()}-{limit}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        procs = str(group / "cgroup.procs")
+
+        def enter() -> None:  # in the child, before exec: everything it allocates is charged
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600, preexec_fn=enter)
+        return done.returncode, done.stdout + done.stderr, int((group / "memory.max_usage_in_bytes").read_text())
+    finally:
+        group.rmdir()
+
+
+def cgroup_writable() -> bool:
+    probe = CGROUP_V1 / f"tamrun-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return False
+    return (CGROUP_V1 / "memory.limit_in_bytes").exists()
+
+
+def in_use_at_planning(output: str) -> float:
+    """The MiB the plan's log line says the cgroup held when the run planned."""
+    match = re.search(r"bound by the cgroup limit of .*?; ([0-9.]+) MiB in use", output)
+    assert match, output[-3000:]
+    return float(match.group(1))
+
+
+def rmse_test(output: str) -> str:
+    return re.search(r"rmse_test=([0-9.]+)", output).group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux" or not cgroup_writable(), reason="needs a writable cgroup v1 memory controller")
+def test_a_cgroup_limit_between_the_baseline_and_the_peak_never_kills(tmp_path):
+    """A real memory cgroup (what SLURM --mem and docker --memory set), no memory.limit: the plan
+    fits under the cgroup's limit; between the planning baseline and the uncapped peak the run
+    finishes with the uncapped RMSE or exits 2 naming the cgroup limit; never the kernel's kill (137)."""
+    args = ("model=fourier", "tracking=none")
+    code, output, peak = tamrun_under(8 * 2**30, *args, cwd=tmp_path)
+    assert code == 0, output[-3000:]
+    baseline = in_use_at_planning(output) * MiB
+    assert baseline < peak
+    middle = int((baseline + peak) / 2)
+    for limit in (middle, int(baseline + 0.9 * (peak - baseline))):
+        capped, text, used = tamrun_under(limit, *args, cwd=tmp_path)
+        assert capped in (0, 2), (limit, capped, text[-3000:])
+        assert "Traceback" not in text and used <= limit
+        if capped == 0:
+            assert rmse_test(text) == rmse_test(output)
+        else:  # the default margin (64 MiB) can exceed fourier's whole room above the baseline
+            assert "tamrun: memory error: cgroup=" in text and "raise the cgroup limit to at least" in text, text[-3000:]
+    # with a margin that leaves room, the same limit plans smaller chunks and finishes
+    capped, text, used = tamrun_under(middle, *args, "memory.safety_margin=16MiB", cwd=tmp_path)
+    assert capped == 0 and rmse_test(text) == rmse_test(output), text[-3000:]
+    assert used <= middle
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+@pytest.mark.parametrize("mib", [2000, 1500, 1200])
+def test_an_address_space_limit_finishes_or_refuses_without_a_traceback(tmp_path, mib):
+    """``prlimit --as`` (ulimit -v): torch's CPU allocator fails with a RuntimeError, the tensor meter's
+    warm-up with a MemoryError; the run plans under RLIMIT_AS and finishes or exits 2, never a traceback."""
+    code, output, _ = tamrun_under(None, "model=forest", "tracking=none", "split.train_start=2022-01-01",
+                                   cwd=tmp_path, prlimit_as=mib * MiB)
+    assert code in (0, 2) and "Traceback" not in output, output[-3000:]
+    if code == 2:
+        assert "tamrun: memory error: RLIMIT_AS=" in output, output[-3000:]
+
+
+def test_an_oom_outside_the_chunks_is_refused_naming_the_limit():
+    """A MemoryError raised on purpose (a fake OOM) outside a guarded chunk becomes exit-2 material."""
+    from tamrun.memory.guard import unplanned_oom_refused
+
+    with pytest.raises(MemoryBudgetError, match=r"out of memory outside the planned chunks \(MemoryError: fake"):
+        with unplanned_oom_refused(64 * MiB):
+            raise MemoryError("fake MemoryError raised by the test")
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        with unplanned_oom_refused(64 * MiB):
+            raise RuntimeError("shape mismatch")
+
+
+def test_a_bad_safety_margin_is_refused(compose_cfg):
+    from tamrun.errors import ConfigError
+    from tamrun.runner import run
+
+    with pytest.raises(ConfigError, match=r"memory.safety_margin='lots': not a size.*memory.safety_margin=64MiB"):
+        run(compose_cfg("memory.safety_margin=lots", "tracking=none"))

@@ -20,13 +20,15 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type, TypeVar
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple, Type, TypeVar
 
 import torch
 
 from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
+from tamrun.memory.limits import WHAT, binding_limit
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import format_size
 
@@ -57,6 +59,25 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(message in text for message in OOM_MESSAGES)
+
+
+@contextmanager
+def unplanned_oom_refused(margin: int) -> Iterator[None]:
+    """Turn an out-of-memory outside the guarded chunks (loading the data, the features, evaluation,
+    recording) into a `MemoryBudgetError` that names the limit binding now (``margin``:
+    memory.safety_margin): exit 2 with a message, not a traceback."""
+    try:
+        yield
+    except oom_exception_types() as exc:
+        if not is_oom(exc):
+            raise
+        bound = binding_limit(margin)
+        raise MemoryBudgetError(
+            bound.name, format_size(bound.size),
+            f"out of memory outside the planned chunks ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no message'}) under {bound.describe()}",
+            f"raise {WHAT.get(bound.name, bound.name)} ({bound.howto}), or raise memory.safety_margin so that the "
+            "plan leaves more room outside its chunks") from None
 
 
 def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:

@@ -35,15 +35,14 @@ log = logging.getLogger(__name__)
 UNLIMITED = 2**62
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-# limit name -> how to make room for {need} bytes under it
-FIXES = {
-    "cgroup": "give the job more memory (SLURM --mem, docker run --memory, the Kubernetes limit) so that its "
-              "cgroup limit is at least {need}",
-    "RLIMIT_AS": "raise the address-space limit to at least {need} (ulimit -v, prlimit --as) or lift it",
-    "RLIMIT_DATA": "raise the data-segment limit to at least {need} (ulimit -d, prlimit --data) or lift it",
-    "available RAM": "free RAM (stop other processes) until at least {need} is available, or use a larger machine",
-    "memory.limit": "raise memory.limit to at least {need}, or free memory",
-    "device memory": "free device memory (other processes) until at least {need} is free, or use a larger device",
+# limit name -> how a person raises it
+HOWTO = {
+    "cgroup": "SLURM --mem, docker run --memory, the Kubernetes limit",
+    "RLIMIT_AS": "ulimit -v, prlimit --as; or lift it",
+    "RLIMIT_DATA": "ulimit -d, prlimit --data; or lift it",
+    "available RAM": "stop other processes, or use a larger machine",
+    "memory.limit": "or free memory",
+    "device memory": "free device memory held by other processes, or use a larger device",
 }
 WHAT = {"cgroup": "the cgroup limit", "RLIMIT_AS": "the address-space limit RLIMIT_AS",
         "RLIMIT_DATA": "the data-segment limit RLIMIT_DATA", "available RAM": "the available RAM",
@@ -83,7 +82,11 @@ class Limit:
 
     def fix(self, working: int) -> str:
         """What to change so that ``working`` more bytes fit under this limit."""
-        return FIXES.get(self.name, "raise {need}").format(need=format_size(self.need(working)))
+        return f"raise {WHAT.get(self.name, self.name)} to at least {format_size(self.need(working))} ({self.howto})"
+
+    @property
+    def howto(self) -> str:
+        return HOWTO.get(self.name, "")
 
 
 def read_size(path: Path) -> Optional[int]:
