@@ -244,3 +244,13 @@ def test_a_bad_safety_margin_is_refused(compose_cfg):
 
     with pytest.raises(ConfigError, match=r"memory.safety_margin='lots': not a size.*memory.safety_margin=64MiB"):
         run(compose_cfg("memory.safety_margin=lots", "tracking=none"))
+
+
+def test_no_room_before_the_data_is_refused():
+    from tamrun.memory.guard import require_room
+
+    require_room(Limit("available RAM", 100 * MiB, 0, margin=200 * MiB), "loading the data")  # not a hard limit
+    require_room(Limit("cgroup", 600 * MiB, 300 * MiB, margin=64 * MiB), "loading the data")
+    with pytest.raises(MemoryBudgetError, match=r"^cgroup='400.00 MiB': nothing is left for loading the data under the "
+                                                r"cgroup limit .* at least 464.00 MiB"):
+        require_room(Limit("cgroup", 400 * MiB, 336 * MiB, margin=64 * MiB), "loading the data")

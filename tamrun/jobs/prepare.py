@@ -16,7 +16,7 @@ from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
 from tamrun.device import DeviceManager
 from tamrun.fitted import prediction_batch
-from tamrun.memory.guard import ChunkLoop, OomLog, ProgressCallback, no_progress, oom_settings
+from tamrun.memory.guard import ChunkLoop, OomLog, ProgressCallback, no_progress, oom_settings, require_room
 from tamrun.memory.meter import TensorMeter
 from tamrun.memory.oracle import Plan
 from tamrun.memory.profiler import PhaseRecorder
@@ -61,9 +61,11 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_
     metered = config.memory.meter and (TensorMeter.warm_up() if warm_meter else True)
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
+    require_room(devices.memory(config.memory.safety_margin_bytes).bound, "loading the data")
     recorder = PhaseRecorder(devices)
     with recorder.phase("data"):
         splits = load_splits(config, specs)
+    require_room(devices.memory(config.memory.safety_margin_bytes).bound, "building the features")
     with recorder.phase("features"):
         features = build_features(config, specs, splits.train)
         test = prediction_batch(features.design, features.train.groups, splits.recipe, features.train.x.dtype,

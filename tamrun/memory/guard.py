@@ -28,7 +28,7 @@ import torch
 
 from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
-from tamrun.memory.limits import WHAT, binding_limit
+from tamrun.memory.limits import HARD, WHAT, Limit, binding_limit
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import format_size
 
@@ -78,6 +78,15 @@ def unplanned_oom_refused(margin: int) -> Iterator[None]:
             f"{str(exc).splitlines()[0] if str(exc) else 'no message'}) under {bound.describe()}",
             f"raise {WHAT.get(bound.name, bound.name)} ({bound.howto}), or raise memory.safety_margin so that the "
             "plan leaves more room outside its chunks") from None
+
+
+def require_room(bound: Optional[Limit], what: str) -> None:
+    """`MemoryBudgetError` (exit 2) when a hard limit (`HARD`) leaves nothing above its safety margin
+    before ``what`` starts: a refusal, not the kernel's kill halfway through it."""
+    if bound is None or bound.name not in HARD or bound.left > 0:
+        return
+    raise MemoryBudgetError(bound.name, format_size(bound.size), f"nothing is left for {what} under {bound.describe()}",
+                            bound.fix(bound.margin))
 
 
 def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:
