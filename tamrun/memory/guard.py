@@ -71,11 +71,14 @@ def unplanned_oom_refused(margin: int) -> Iterator[None]:
     except oom_exception_types() as exc:
         if not is_oom(exc):
             raise
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}"
+        if isinstance(exc, torch.OutOfMemoryError):  # a GPU's: the process's CPU limits are not what ran out
+            raise MemoryBudgetError("device memory", None, f"out of memory outside the planned chunks ({error})",
+                                    "free device memory held by other processes, or set memory.limit") from None
         bound = binding_limit(margin)
         raise MemoryBudgetError(
-            bound.name, format_size(bound.size),
-            f"out of memory outside the planned chunks ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else 'no message'}) under {bound.describe()}",
+            bound.name, format_size(bound.size), f"out of memory outside the planned chunks ({error}) under "
+            f"{bound.describe()}",
             f"raise {WHAT.get(bound.name, bound.name)} ({bound.howto}), or raise memory.safety_margin so that the "
             "plan leaves more room outside its chunks") from None
 
