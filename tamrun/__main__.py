@@ -56,6 +56,9 @@ def run_job(cfg, failed: List[int]) -> Optional[float]:
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Run with ``argv`` (default: the command line's arguments)."""
+    # pyarrow's default pool (mimalloc), which pandas reads through, reserves 1 GiB of address space at
+    # its first use (an import below may be it): under ulimit -v it would take the run's room (docs/memory.md)
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     import hydra
     from omegaconf import DictConfig
 

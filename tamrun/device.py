@@ -17,6 +17,7 @@ import psutil
 import torch
 
 from tamrun.errors import DeviceError
+from tamrun.memory.limits import Limit, binding_limit
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,13 @@ def use_deterministic() -> None:
 class MemoryView:
     """The device's memory in bytes: ``free`` (what new tensors can still take), ``total``, and
     ``held``: what this process already holds that memory.limit counts (allocated tensors on a GPU;
-    0 on the CPU, where the limit bounds the working memory, not the data)."""
+    0 on the CPU, where the limit bounds the working memory, not the data); ``bound``: the limit
+    ``free`` was read under (None: the device's free memory)."""
 
     free: int
     total: int
     held: int = 0
+    bound: Optional[Limit] = None
 
 
 class DeviceManager:
@@ -123,19 +126,21 @@ class DeviceManager:
             return f"cpu ({platform.processor() or platform.machine()}, {psutil.cpu_count()} cores)"
         return self.kind
 
-    def memory(self) -> MemoryView:
+    def memory(self, margin: int = 0) -> MemoryView:
         """Free/total bytes of the device, as the oracle caps them with memory.limit.
 
         CUDA: free = device free + reserved - allocated (mem_get_info does not see PyTorch's
-        cached-but-free blocks), held = allocated. CPU: psutil's available RAM, held = 0.
+        cached-but-free blocks), held = allocated. CPU: what is left under the tightest real limit
+        (cgroup, RLIMIT_AS, RLIMIT_DATA, available RAM; `tamrun.memory.limits`) less ``margin``
+        (memory.safety_margin), held = 0.
         """
         if self.kind == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             allocated = torch.cuda.memory_allocated(self.device)
             free = int(free + torch.cuda.memory_reserved(self.device) - allocated)
             return MemoryView(free=max(0, free), total=int(total), held=int(allocated))
-        vm = psutil.virtual_memory()
-        return MemoryView(free=int(vm.available), total=int(vm.total))
+        bound = binding_limit(margin)
+        return MemoryView(free=bound.left, total=int(psutil.virtual_memory().total), bound=bound)
 
     def allocated(self) -> int:
         """Bytes held now: tensors on CUDA, the process's resident set on the CPU."""

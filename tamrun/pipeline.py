@@ -102,8 +102,8 @@ def plan_memory(config: Config, features: Features, devices: DeviceManager, n_pr
     train = features.train
     size = problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
                         n_predict_rows)
-    view = devices.memory()
-    return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held)
+    view = devices.memory(config.memory.safety_margin_bytes)
+    return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound)
 
 
 def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor:

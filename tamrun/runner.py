@@ -24,6 +24,7 @@ from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
 from tamrun.jobs.result import RunResult
+from tamrun.memory.guard import unplanned_oom_refused
 from tamrun.pipeline import DTYPES
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -59,14 +60,16 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     torch.manual_seed(config.seed)
     if config.mode.name == ModeName.plan:
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
-        return plan_job(prepare(config, specs, devices, warm_meter=False))
+        with unplanned_oom_refused(config.memory.safety_margin_bytes):
+            return plan_job(prepare(config, specs, devices, warm_meter=False))
     with TrackedRun(config.tracking, run_name=f"{config.model.name}-{config.data.name}",
                     tags=run_tags(config, tags)) as tracked:
         try:
             log_config(tracked, cfg, overrides)
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
             tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
-            result = TRACKED_JOBS[config.mode.name](prepare(config, specs, devices), tracked)
+            with unplanned_oom_refused(config.memory.safety_margin_bytes):
+                result = TRACKED_JOBS[config.mode.name](prepare(config, specs, devices), tracked)
         except TamrunError as error:
             error.run_id = tracked.run_id  # the run this error ends FAILED
             raise

@@ -180,3 +180,34 @@ def test_every_plan_stays_inside_its_budget(limit):
         assert plan.predicted_peak == max(plan.fit.bytes, plan.predict.bytes)
         if limit is not None:
             assert plan.budget == int(0.7 * limit)
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 8000000 bytes. Error code 12 (Cannot allocate memory)"),
+    RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8000000 bytes."),
+    RuntimeError("MPS backend out of memory (MPS allocated: 1.00 GB, other allocations: 0 bytes)"),
+    RuntimeError("XPU out of memory. Tried to allocate 2.00 GiB"),
+    MemoryError(), torch.OutOfMemoryError("CUDA out of memory"),
+], ids=["cpu-allocator", "cpu-not-enough", "mps", "xpu", "memory-error", "cuda"])
+def test_every_allocators_failure_is_an_oom(error):
+    """Each error is raised on purpose (a fake OOM): the guard shrinks the chunk and retries."""
+    from tamrun.memory.guard import is_oom
+
+    assert is_oom(error)
+    step, seen = failing_until(5, exc=lambda message: error)
+    assert retry_on_oom(step, 10, OomConfig(), "fit", OomLog(), sleep=lambda s: None) == 4
+    assert seen == [10, 7, 4]
+
+
+def test_the_tensor_meter_warm_up_never_fails_the_run(monkeypatch):
+    """A MemoryError raised on purpose inside the warm-up turns the meter off instead of failing."""
+    from tamrun.memory.meter import TensorMeter
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("fake MemoryError raised by the test")
+
+    monkeypatch.setattr(TensorMeter, "__enter__", no_memory)
+    assert TensorMeter.warm_up() is False
+    monkeypatch.undo()
+    assert TensorMeter.warm_up() is True

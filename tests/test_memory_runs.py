@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -33,15 +35,21 @@ def test_a_tenth_of_the_working_peak_is_enough(compose_cfg, overrides):
     assert capped.metrics["rmse_test"] == pytest.approx(free.metrics["rmse_test"], rel=1e-9)
 
 
-def fake_oom_above(monkeypatch, max_groups: int) -> list:
-    """Make AdditiveDesign.chunk raise a fake torch.OutOfMemoryError (on purpose, to exercise the
-    retry path) whenever a chunk holds more than ``max_groups`` groups."""
+# torch's CPU allocator's failure, word for word (c10/core/impl/alloc_cpu.cpp): a plain RuntimeError.
+CPU_ALLOCATOR_FAILURE = ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                         "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
+
+
+def fake_oom_above(monkeypatch, max_groups: int, error=lambda: torch.OutOfMemoryError("fake OOM raised by the test")
+                   ) -> list:
+    """Make AdditiveDesign.chunk raise ``error()``, a fake OOM (on purpose, to exercise the retry
+    path), whenever a chunk holds more than ``max_groups`` groups."""
     real, sizes = AdditiveDesign.chunk, []
 
     def chunk(self, x, group_slice=slice(None), weight=None):
         sizes.append(x.shape[0])
         if x.shape[0] > max_groups:
-            raise torch.OutOfMemoryError("fake OOM raised by the test")
+            raise error()
         return real(self, x, group_slice, weight)
 
     monkeypatch.setattr(AdditiveDesign, "chunk", chunk)
@@ -63,6 +71,23 @@ def test_faked_ooms_shrink_the_chunks_and_give_the_same_coefficients(compose_cfg
     report = client.download_artifacts(result.run_id, "memory/report.txt")
     text = open(report).read()
     assert "OOM events:" in text and "chunk 48 -> 33" in text and "smallest memory.limit" in text
+
+
+def test_the_cpu_allocators_failure_is_retried_like_any_oom(compose_cfg, monkeypatch, caplog):
+    """torch's CPU allocator fails with a RuntimeError (no OutOfMemoryError): the test raises that
+    error on purpose in the fit's chunks; the guard shrinks 48 -> 33 -> 23 -> 16 groups (size_factor
+    0.7) and the coefficients are those of the unfaulted run."""
+    clean = run(compose_cfg("model=fourier", "tracking=none"))
+    monkeypatch.setenv("OOM_DELAY_MS", "0")
+    sizes = fake_oom_above(monkeypatch, max_groups=20, error=lambda: RuntimeError(CPU_ALLOCATOR_FAILURE))
+    with caplog.at_level(logging.INFO, logger="tamrun.memory.guard"):
+        result = run(compose_cfg("model=fourier", "tracking=none"))
+    assert sizes[:4] == [48, 33, 23, 16]
+    retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("OOM in fit")]
+    assert [m.split(": chunk ")[1].split(",")[0] for m in retries] == ["48 -> 33", "33 -> 23", "23 -> 16"]
+    assert all("RuntimeError: [enforce fail at alloc_cpu.cpp:117]" in m for m in retries)
+    assert result.metrics["oom_retries"] == 6  # three in the fit, three in the first prediction
+    assert relative_difference(result.coef, clean.coef) <= 1e-12
 
 
 def test_the_guard_gives_up_with_the_needed_memory_and_the_run_fails(compose_cfg, store_uri, monkeypatch):

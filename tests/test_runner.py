@@ -44,6 +44,8 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     assert params["model.name"] == model and params["route"] == "direct"
     assert params["D"] == str(result.width) and params["data.group"] == "tod"
     assert {"chunk_groups", "chunk_rows", "model.effects.toy.ap", "memory.dense_fraction", "dtype"} <= set(params)
+    assert params["memory_bound_by"] == result.plan.bound_by  # the limit the plan fitted under (no cgroup here:
+    assert result.plan.bound_by in ("available RAM", "cgroup", "RLIMIT_AS", "RLIMIT_DATA")  # the RAM, typically)
     metrics = logged.data.metrics
     for name in ("rmse_train", "rmse_test", "mape_train", "mape_test", "fit_seconds", "predict_seconds",
                  "peak_memory_bytes", "oom_retries", "predicted_peak_bytes", "working_peak_bytes",

@@ -53,8 +53,8 @@ def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_wi
     longest window, n_predict_rows = the longest forecast). Raises `MemoryBudgetError` when one
     window of one group does not fit."""
     oracle = window_oracle(config, devices.kind != "cpu")
-    view = devices.memory()
-    plan = oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held)
+    view = devices.memory(config.memory.safety_margin_bytes)
+    plan = oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound)
     updating = plan.route == "direct" and not plan.dual
     fixed, per_window = window_costs(size, n_features, step_rows, updating, plan.fit.rows)
     fit = 0 if updating else plan.fit_cost.bytes(1, plan.fit.rows, 1.0)
@@ -63,10 +63,11 @@ def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_wi
     chunk = select_chunk(size.n_groups, cap, cost, budget, overhead, floor_rows=1, regrow_rows=False)
     if chunk is None:
         need = int(cost.bytes(1, 1, overhead) / plan.chunk_fraction) + 1
+        bound = oracle.binding(view.free, view.held, view.bound)
         raise MemoryBudgetError(
-            "memory.limit", format_size(oracle.limit) if oracle.limit is not None else None,
+            bound.name, format_size(bound.size),
             f"one window of one group needs {format_size(cost.bytes(1, 1, overhead))} but the window budget "
-            f"(memory.window_fraction_* of the free memory under the limit) is {format_size(budget)}",
-            f"raise memory.limit to at least {format_size(need)}, or shorten adaptive.window")
+            f"(memory.window_fraction_* of the free memory under {bound.describe()}) is {format_size(budget)}",
+            f"{bound.fix(need)}, or shorten adaptive.window")
     groups, windows = chunk
     return WindowPlan(plan, updating, groups, windows, budget, WindowCost(groups, fixed, per_window), fit)

@@ -110,9 +110,10 @@ def adaptive_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
              "%d group(s) per batch, window budget %d bytes", schedule.n_windows, ada.step, ada.window,
              schedule.window_rows, plan.plan.route, " (up/down-dated Grams)" if plan.updating else "",
              plan.windows, plan.groups, plan.budget)
-    tracker = MemoryTracker(plan.budget if prepared.limit is not None else None, plan.plan.overhead)
+    tracker = MemoryTracker(plan.budget if prepared.limit is not None or plan.plan.hard_bound else None,
+                            plan.plan.overhead)
     loop = prepared.chunk_loop(ChunkProgress(config.progress.value, "windows"), tracker)
-    with recorder.phase("adaptive", config.memory.meter):
+    with recorder.phase("adaptive", prepared.metered):
         fitted = WindowFitter(config, static.model.design, devices, past.batch, schedule, plan, loop).fit()
     with recorder.phase("evaluate"):
         table = adaptive_table(past, fitted, static_history)
@@ -172,7 +173,7 @@ def _record(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, metric
     tracked.log_params({"route": window_plan.plan.route, "route_reason": window_plan.plan.reason,
                         "D": static.model.design.width, "adaptive_updating": window_plan.updating,
                         "adaptive_windows_per_batch": window_plan.windows,
-                        "adaptive_groups_per_batch": window_plan.groups})
+                        "adaptive_groups_per_batch": window_plan.groups, "memory_bound_by": window_plan.plan.bound_by})
     tracked.log_metrics(metrics)
     for name, values in steps.items():
         tracked.log_metric_history(name, values)

@@ -90,6 +90,14 @@ def _check_memory(cfg: Config) -> None:
                           "write a number of bytes or a size with a unit, e.g. memory.limit=2GiB") from None
     _require(limit is None or limit > 0, "memory.limit", mem.limit, "the limit must be positive",
              "set memory.limit=2GiB or memory.limit=null")
+    try:
+        margin = mem.safety_margin_bytes
+    except ValueError:
+        raise ConfigError("memory.safety_margin", mem.safety_margin, "not a size",
+                          f"write a size with a unit, e.g. memory.safety_margin={schema_default('memory.safety_margin')}"
+                          ) from None
+    _require(margin >= 0, "memory.safety_margin", mem.safety_margin, "the margin must be >= 0",
+             _set_default("memory.safety_margin"))
     oom = mem.oom
     _require(oom.max_retries >= 0, "memory.oom.max_retries", oom.max_retries, "must be >= 0",
              _set_default("memory.oom.max_retries"))

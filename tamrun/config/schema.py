@@ -191,6 +191,10 @@ class MemoryConfig:
     window_fraction_cpu: float = 0.6
     # A cap on everything above: bytes or a size string ("2GiB", "512MB"); None = no cap.
     limit: Optional[str] = None
+    # On the CPU the oracle plans in what is left below the tightest real limit (the cgroup's memory
+    # limit, RLIMIT_AS, RLIMIT_DATA, available RAM) less what the process holds, less this margin
+    # (tamrun/memory/limits.py): room for what the plan does not count (Python objects, tables).
+    safety_margin: str = "64MiB"
     # Every predicted footprint is multiplied by this.
     overhead_factor: float = 1.1
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
@@ -209,6 +213,11 @@ class MemoryConfig:
     def limit_bytes(self) -> Optional[int]:
         """``limit`` in bytes (None: no cap); the one place it is parsed (ValueError if not a size)."""
         return parse_size(self.limit)
+
+    @property
+    def safety_margin_bytes(self) -> int:
+        """``safety_margin`` in bytes (ValueError if not a size)."""
+        return int(parse_size(self.safety_margin) or 0)
 
 
 @dataclass

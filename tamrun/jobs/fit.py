@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     """Fit, evaluate and record one run from its preparation."""
-    config, recorder, metered = prepared.config, prepared.recorder, prepared.config.memory.meter
+    config, recorder, metered = prepared.config, prepared.recorder, prepared.metered
     loop = prepared.chunk_loop(ChunkProgress(config.progress.value))
     iterations = IterationProgress(config.solver.max_iter, config.progress.value)
     with recorder.phase("solve", metered):

@@ -4,7 +4,7 @@ memory accounting (phase recorder, tracker, OOM log).
     prepare(config, specs, devices) -> Prepared
         data      load, derive, check, split (train / validation / test)          -> Splits
         features  training batch + fitted design; the test rows as a batch         -> Features, test batch
-        plan      the oracle's route and chunks under memory.limit                 -> Plan
+        plan      the oracle's route and chunks under memory.limit and the real limits -> Plan
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
 from tamrun.device import DeviceManager
 from tamrun.fitted import prediction_batch
-from tamrun.memory.guard import ChunkLoop, OomLog, ProgressCallback, no_progress, oom_settings
+from tamrun.memory.guard import ChunkLoop, OomLog, ProgressCallback, no_progress, oom_settings, require_room
 from tamrun.memory.meter import TensorMeter
 from tamrun.memory.oracle import Plan
 from tamrun.memory.profiler import PhaseRecorder
@@ -29,8 +29,10 @@ class Prepared:
     """Everything a job starts from.
 
     ``limit``: memory.limit in bytes (None: no cap); ``tracker``: the plan's budget under that limit
-    (unlimited without one), which every chunk is charged to; ``oom_log``: the run's OOM events;
-    ``recorder``: the phases and the memory timeline."""
+    or the real one that binds (unlimited when only the available RAM binds), which every chunk is
+    charged to; ``oom_log``: the run's OOM events;
+    ``recorder``: the phases and the memory timeline; ``metered``: the solve / predict / window phases
+    count their tensor bytes (memory.meter, off when the meter could not warm up)."""
 
     config: Config
     specs: Dict[str, Any]
@@ -43,6 +45,7 @@ class Prepared:
     recorder: PhaseRecorder
     tracker: MemoryTracker
     oom_log: OomLog
+    metered: bool = False
 
     def chunk_loop(self, progress: ProgressCallback = no_progress,
                    tracker: Optional[MemoryTracker] = None) -> ChunkLoop:
@@ -55,17 +58,20 @@ class Prepared:
 def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_meter: bool = True) -> Prepared:
     """The data and features phases and the plan. ``warm_meter``: warm the tensor meter up first (when
     a metered phase follows), so that its one-time cost is not charged to the first metered phase."""
-    if warm_meter and config.memory.meter:
-        TensorMeter.warm_up()
+    metered = config.memory.meter and (TensorMeter.warm_up() if warm_meter else True)
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
+    require_room(devices.memory(config.memory.safety_margin_bytes).bound, "loading the data")
     recorder = PhaseRecorder(devices)
     with recorder.phase("data"):
         splits = load_splits(config, specs)
+    require_room(devices.memory(config.memory.safety_margin_bytes).bound, "building the features")
     with recorder.phase("features"):
         features = build_features(config, specs, splits.train)
         test = prediction_batch(features.design, features.train.groups, splits.recipe, features.train.x.dtype,
                                 splits.test)
     plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1])
-    tracker = MemoryTracker(plan.budget if limit is not None else None, plan.overhead)
-    return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog())
+    # every chunk is charged to the plan's budget when a hard limit binds it (memory.limit, cgroup, rlimits)
+    tracker = MemoryTracker(plan.budget if limit is not None or plan.hard_bound else None, plan.overhead)
+    return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog(),
+                    metered)

@@ -30,7 +30,8 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: pd.Data
     tracked.log_params({"route": plan.route, "route_reason": plan.reason, "D": fit.model.design.width,
                         "n_groups": len(fit.model.groups), "chunk_groups": stats.group_chunk,
                         "chunk_rows": plan.fit.rows, "predict_chunk_groups": plan.predict.groups,
-                        "predict_chunk_rows": plan.predict.rows, "cg_cache_design": plan.cache_design})
+                        "predict_chunk_rows": plan.predict.rows, "cg_cache_design": plan.cache_design,
+                        "memory_bound_by": plan.bound_by})
     tracked.log_metrics(metrics)
     if stats.cg_history:
         tracked.log_metric_history("cg_residual", stats.cg_history)

@@ -20,13 +20,15 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type, TypeVar
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple, Type, TypeVar
 
 import torch
 
 from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
+from tamrun.memory.limits import HARD, WHAT, Limit, binding_limit
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import format_size
 
@@ -37,19 +39,57 @@ T = TypeVar("T")
 ProgressCallback = Callable[[str, int, int], None]
 
 
+# What torch's allocators say when they fail without a dedicated type (lower case): the CPU
+# allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...",
+# "... not enough memory ..."), MPS ("MPS backend out of memory") and XPU ("XPU out of memory").
+OOM_MESSAGES = ("can't allocate memory", "not enough memory", "out of memory")
+
+
 def oom_exception_types() -> Tuple[Type[BaseException], ...]:
-    """Exception types that mean out-of-memory on any backend (MPS/XPU raise RuntimeError, see
-    `is_oom`)."""
+    """Exception types that can mean out-of-memory on any backend (a RuntimeError only with one of
+    `OOM_MESSAGES`, see `is_oom`)."""
     return (torch.OutOfMemoryError, MemoryError, RuntimeError)
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for an out-of-memory error. torch.OutOfMemoryError and MemoryError (the tracker's
-    BudgetExceeded included) by type; a RuntimeError only when it is the MPS/XPU allocator's out-of-memory error."""
+    """True for an out-of-memory error: torch.OutOfMemoryError and MemoryError (the tracker's
+    BudgetExceeded included) by type; a RuntimeError when its message is an allocator's failure
+    (`OOM_MESSAGES`: the CPU allocator's "can't allocate memory", "not enough memory", MPS / XPU)."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and (
-        "mps" in str(exc).lower() or "xpu" in str(exc).lower())
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(message in text for message in OOM_MESSAGES)
+
+
+@contextmanager
+def unplanned_oom_refused(margin: int) -> Iterator[None]:
+    """Turn an out-of-memory outside the guarded chunks (loading the data, the features, evaluation,
+    recording) into a `MemoryBudgetError` that names the limit binding now (``margin``:
+    memory.safety_margin): exit 2 with a message, not a traceback."""
+    try:
+        yield
+    except oom_exception_types() as exc:
+        if not is_oom(exc):
+            raise
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}"
+        if isinstance(exc, torch.OutOfMemoryError):  # a GPU's: the process's CPU limits are not what ran out
+            raise MemoryBudgetError("device memory", None, f"out of memory outside the planned chunks ({error})",
+                                    "free device memory held by other processes, or set memory.limit") from None
+        bound = binding_limit(margin)
+        raise MemoryBudgetError(
+            bound.name, format_size(bound.size), f"out of memory outside the planned chunks ({error}) under "
+            f"{bound.describe()}",
+            f"raise {WHAT.get(bound.name, bound.name)} ({bound.howto}), or raise memory.safety_margin so that the "
+            "plan leaves more room outside its chunks") from None
+
+
+def require_room(bound: Optional[Limit], what: str) -> None:
+    """`MemoryBudgetError` (exit 2) when a hard limit (`HARD`) leaves nothing above its safety margin
+    before ``what`` starts: a refusal, not the kernel's kill halfway through it."""
+    if bound is None or bound.name not in HARD or bound.left > 0:
+        return
+    raise MemoryBudgetError(bound.name, format_size(bound.size), f"nothing is left for {what} under {bound.describe()}",
+                            bound.fix(bound.margin))
 
 
 def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:

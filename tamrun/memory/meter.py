@@ -13,12 +13,17 @@ Tensors that existed before the block (the data) are not counted: the peak is th
 
 from __future__ import annotations
 
+import logging
 from typing import Dict, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from tamrun.memory.guard import is_oom
+
+log = logging.getLogger(__name__)
 
 
 class TensorMeter(TorchDispatchMode):
@@ -58,11 +63,21 @@ class TensorMeter(TorchDispatchMode):
         return out
 
     @classmethod
-    def warm_up(cls) -> None:
+    def warm_up(cls) -> bool:
         """Enter and leave a meter once: the first dispatch mode imports torch._dynamo (about a
-        second and tens of MiB), which should not be charged to the first metered phase."""
-        with cls():
-            torch.zeros(1).add_(1)
+        second and tens of MiB), which should not be charged to the first metered phase. Never
+        fails the run: out of memory here (a MemoryError or an allocator's RuntimeError, e.g. under
+        ``ulimit -v``) is logged and False returned, the run then goes unmetered."""
+        try:
+            with cls():
+                torch.zeros(1).add_(1)
+        except (MemoryError, RuntimeError) as exc:
+            if not is_oom(exc):
+                raise
+            log.warning("the tensor meter is off for this run: out of memory while warming it up (%s: %s)",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            return False
+        return True
 
     def reset_peak(self) -> None:
         self._sweep()

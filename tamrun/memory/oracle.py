@@ -6,7 +6,9 @@ a group has fewer rows N than columns D and solver.dual is on) is <= memory.max_
 group's dense system (plus a one-row chunk) fits in memory.dense_fraction of the free memory, else
 matrix-free CG. Step 2 picks the chunks (`select_chunk`): the largest (groups, rows) whose footprint
 fits in memory.chunk_fraction_gpu / _cpu of the free memory. The user's memory.limit caps the free
-memory in both steps (here, and only here).
+memory in both steps (here, and only here). The free memory comes with the limit it was read under
+(`tamrun.memory.limits.Limit`: on the CPU the tightest of the cgroup, the rlimits and the available
+RAM); the plan records which limit binds (`Plan.bound_by`) and a refusal names it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tamrun.errors import MemoryBudgetError
 from tamrun.memory.footprint import (ProblemSize, StepCost, cg_cache_bytes, cg_row_bytes, cg_system_bytes,
                                      dense_system_bytes, direct_row_bytes, dual_system_bytes, predict_output_bytes,
                                      predict_row_bytes, select_chunk, step_bytes)
+from tamrun.memory.limits import HARD, Limit
 from tamrun.memory.units import format_size
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,13 @@ class Plan:
     chunk_fraction: float  # memory.chunk_fraction_gpu / _cpu (or window_fraction_* for window batches)
     predict_output: int  # bytes of the (G, N) predictions, held through the predict step
     dual: bool  # direct route in the dual form: one N x N system per group (N < D)
+    bound_by: str = "device memory"  # the limit that binds the free memory (a key of tamrun.memory.limits.WHAT)
+    bound_detail: str = ""  # that limit in words, with what is in use and left
+
+    @property
+    def hard_bound(self) -> bool:
+        """The free memory is bound by a limit the process cannot exceed (memory.limit, cgroup, rlimit)."""
+        return self.bound_by in HARD
 
     @property
     def plan_limit(self) -> int:
@@ -71,7 +81,7 @@ class Plan:
             + (", W Phi cached between CG iterations" if self.cache_design else ""),
             f"predict chunks: {self.predict.groups} groups x {self.predict.rows} rows ({format_size(self.predict.bytes)})",
             f"predicted working peak: {format_size(self.predicted_peak)} of a budget of {format_size(self.budget)} "
-            f"(free memory seen: {format_size(self.free)})",
+            f"(free memory seen: {format_size(self.free)}, bound by {self.bound_detail or self.bound_by})",
             f"smallest memory.limit this run fits in: {format_size(self.minimal_limit)} (smallest chunks); "
             f"this plan's chunks need memory.limit >= {format_size(self.plan_limit)}",
         ])
@@ -79,23 +89,24 @@ class Plan:
 
 def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: int, budget: int,
                overhead: float, min_rows: int, max_rows: Optional[int] = None, what: str = "fit",
-               minimal_limit: Optional[int] = None, limit: Optional[int] = None) -> ChunkPlan:
+               minimal_limit: Optional[int] = None, bound: Optional[Limit] = None) -> ChunkPlan:
     """Largest (groups, rows) with overhead * groups * (fixed + rows * row) <= budget (`select_chunk`,
     all groups kept while ``min(n_rows, max_rows, min_rows)`` rows fit for all of them).
 
     Raises:
-        MemoryBudgetError: not even one group with one row fits (the message gives the minimum).
+        MemoryBudgetError: not even one group with one row fits; the message names ``bound``, the
+            limit the budget was read under, and the size it needs (``minimal_limit`` of working memory).
     """
     rows_cap = n_rows if max_rows is None else max(1, min(n_rows, max_rows))
     cost = StepCost(per_group_fixed, per_group_row)
     chunk = select_chunk(n_groups, rows_cap, cost, budget, overhead, floor_rows=min(rows_cap, min_rows))
     if chunk is None:
-        need = f"at least {format_size(minimal_limit)}" if minimal_limit else f"more than {format_size(budget)}"
-        raise MemoryBudgetError("memory.limit", format_size(limit) if limit is not None else None,
+        bound = bound or Limit("device memory", int(budget), 0)
+        fix = bound.fix(minimal_limit) if minimal_limit else f"free more than {format_size(budget)} of memory"
+        raise MemoryBudgetError(bound.name, format_size(bound.size),
                                 f"the {what} step needs {format_size(cost.bytes(1, 1, overhead))} for its smallest "
                                 "chunk (one group, one row) but its budget (the chunk fraction of the free memory "
-                                f"under the limit) is {format_size(budget)}",
-                                f"raise memory.limit to {need}, or free memory")
+                                f"under {bound.describe()}) is {format_size(budget)}", fix)
     groups, rows = chunk
     return ChunkPlan(groups, rows, cost.bytes(groups, rows, overhead))
 
@@ -181,15 +192,25 @@ class MemoryOracle:
                           f"= {format_size(room)}")
         return "direct", f"{name} <= {self.cfg.max_dense_dim} and one dense system needs {format_size(dense)}"
 
-    def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False, held: int = 0) -> Plan:
+    def binding(self, free: int, held: int = 0, bound: Optional[Limit] = None) -> Limit:
+        """The limit that binds ``free``: memory.limit when it caps it (`capped_free`), else ``bound``
+        (the limit ``free`` was read under), else the device's free memory."""
+        if self.limit is not None and self.limit - held < free:
+            return Limit("memory.limit", self.limit, held)
+        return bound if bound is not None else Limit("device memory", free, 0)
+
+    def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False, held: int = 0,
+             bound: Optional[Limit] = None) -> Plan:
         """The whole plan: route, fit chunks, predict chunks, the predicted peak and the minimal limit.
         ``free``: the device's free bytes; ``held``: the bytes already counted against the limit (see
-        `capped_free`); ``dual``: the direct route may take the dual form (solver.dual).
+        `capped_free`); ``dual``: the direct route may take the dual form (solver.dual); ``bound``: the
+        limit ``free`` was read under (`binding`).
 
         Raises:
             MemoryBudgetError: even the smallest chunk does not fit (the message gives the minimal limit).
         """
         route, reason = self.route(size, free, requested, dual, held)
+        bound = self.binding(free, held, bound)
         dual = route == "direct" and self.dual_form(size, dual)
         free = self.capped_free(free, held)
         budget = int(self.chunk_fraction * free)
@@ -199,24 +220,25 @@ class MemoryOracle:
         fit_cost, predict_cost = self.costs(size, route, cache, dual)
         try:  # the dual form solves one group at a time
             fit = pick_chunk(1 if dual else size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget,
-                             overhead, min_rows, max_rows, "fit", minimal, self.limit)
+                             overhead, min_rows, max_rows, "fit", minimal, bound)
         except MemoryBudgetError:
             if not cache:
                 raise
             cache = False  # W Phi does not fit whole: rebuild it chunk by chunk at every CG product
             fit_cost, predict_cost = self.costs(size, route, cache)
             fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
-                             min_rows, max_rows, "fit", minimal, self.limit)
+                             min_rows, max_rows, "fit", minimal, bound)
         output = self.predict_output_bytes(size)
         chunk = pick_chunk(size.n_groups, max(size.n_rows, size.n_predict_rows), predict_cost.fixed,
                            predict_cost.per_row, max(0, budget - output), overhead, min_rows, max_rows, "predict",
-                           minimal, self.limit)
+                           minimal, bound)
         predict = ChunkPlan(chunk.groups, chunk.rows, chunk.bytes + output)
         plan = Plan(route=route, reason=reason, fit=fit, predict=predict, cache_design=cache, budget=budget,
                     free=free, predicted_peak=max(fit.bytes, predict.bytes), minimal_limit=minimal,
                     fit_cost=fit_cost, predict_cost=predict_cost, overhead=overhead,
-                    chunk_fraction=self.chunk_fraction, predict_output=output, dual=dual)
+                    chunk_fraction=self.chunk_fraction, predict_output=output, dual=dual, bound_by=bound.name,
+                    bound_detail=bound.describe())
         log.info("memory plan: route=%s (%s); fit chunk %d groups x %d rows; predict chunk %d x %d; "
-                 "predicted peak %s of budget %s", route, reason, fit.groups, fit.rows, predict.groups,
-                 predict.rows, format_size(plan.predicted_peak), format_size(budget))
+                 "predicted peak %s of budget %s, bound by %s", route, reason, fit.groups, fit.rows, predict.groups,
+                 predict.rows, format_size(plan.predicted_peak), format_size(budget), plan.bound_detail)
         return plan

@@ -1,0 +1,256 @@
+"""The real limits a process lives under (tamrun/memory/limits.py): parsing on fake /proc and cgroup
+files, the oracle naming the binding limit, and real runs under a memory cgroup and ``prlimit --as``."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Tuple
+
+import pytest
+
+from tamrun.config.schema import MemoryConfig
+from tamrun.errors import MemoryBudgetError
+from tamrun.memory.limits import (Limit, cgroup_dirs, cgroup_limit, parse_mountinfo, parse_proc_cgroup, read_size,
+                                  rlimit_limits)
+from tamrun.memory.oracle import MemoryOracle
+from test_memory import small_problem
+
+MiB = 2**20
+REPO = Path(__file__).resolve().parents[1]
+V1_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+35 31 0:32 / {v1} rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /elsewhere rw,relatime - cgroup cgroup rw,devices
+41 31 0:38 / {v2} rw,relatime - cgroup2 cgroup2 rw
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def fake_v1(tmp_path: Path, job_limit: str, parent_limit: str = "9223372036854771712") -> Path:
+    """A v1 hierarchy: mount/slurm (parent_limit) / job (job_limit, 300 MiB used, 20 MiB inactive cache)."""
+    mount = tmp_path / "v1"
+    for directory, limit, usage in ((mount / "slurm", parent_limit, 400 * MiB), (mount / "slurm/job", job_limit,
+                                                                                 300 * MiB)):
+        write(directory / "memory.limit_in_bytes", limit + "\n")
+        write(directory / "memory.usage_in_bytes", f"{usage}\n")
+        write(directory / "memory.stat", f"cache 1\ntotal_inactive_file {20 * MiB}\ntotal_rss 2\n")
+    write(tmp_path / "proc/cgroup", "5:devices:/\n4:memory:/slurm/job\n0::/\n")
+    write(tmp_path / "proc/mountinfo", V1_MOUNTINFO.format(v1=mount, v2=tmp_path / "v2"))
+    return tmp_path / "proc"
+
+
+def test_size_files_read_max_and_huge_values_as_no_limit(tmp_path):
+    assert read_size(write(tmp_path / "a", "max\n")) is None
+    assert read_size(write(tmp_path / "b", "9223372036854771712\n")) is None
+    assert read_size(write(tmp_path / "c", "629145600\n")) == 600 * MiB
+    assert read_size(tmp_path / "missing") is None
+
+
+def test_proc_cgroup_and_mountinfo_are_parsed(tmp_path):
+    proc = fake_v1(tmp_path, str(600 * MiB))
+    assert parse_proc_cgroup(proc / "cgroup") == {"devices": "/", "memory": "/slurm/job", "": "/"}
+    mounts = parse_mountinfo(proc / "mountinfo")
+    assert [(m.fstype, m.options) for m in mounts] == [("cgroup", ("rw", "memory")), ("cgroup", ("rw", "devices")),
+                                                        ("cgroup2", ("rw",))]
+    version, directory, mount = cgroup_dirs(proc / "cgroup", proc / "mountinfo")[0]
+    assert (version, directory, mount) == ("v1", tmp_path / "v1/slurm/job", tmp_path / "v1")
+
+
+def test_v1_limit_is_the_tightest_level_net_of_the_inactive_cache(tmp_path):
+    proc = fake_v1(tmp_path, str(600 * MiB))
+    limit = cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none")
+    assert (limit.name, limit.size, limit.used) == ("cgroup", 600 * MiB, 280 * MiB)
+    assert limit.where == str(tmp_path / "v1/slurm/job")
+    # the parent's limit binds when it leaves less: 500 - (400 - 20) = 120 MiB < 600 - 280
+    proc = fake_v1(tmp_path, str(600 * MiB), parent_limit=str(500 * MiB))
+    parent = cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none")
+    assert (parent.size, parent.used, parent.where) == (500 * MiB, 380 * MiB, str(tmp_path / "v1/slurm"))
+    proc = fake_v1(tmp_path, "9223372036854771712")
+    assert cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none") is None
+
+
+def test_v2_limit_in_a_container_namespace(tmp_path):
+    """cgroup2 mounted at the container's own cgroup (root /): memory.max and memory.current."""
+    mount = tmp_path / "sys"
+    write(mount / "memory.max", f"{2048 * MiB}\n")
+    write(mount / "memory.current", f"{1000 * MiB}\n")
+    write(mount / "memory.stat", f"anon 5\ninactive_file {100 * MiB}\n")
+    write(tmp_path / "cgroup", "0::/\n")
+    write(tmp_path / "mountinfo", f"29 23 0:26 / {mount} rw - cgroup2 cgroup2 rw,nsdelegate\n")
+    limit = cgroup_limit(tmp_path / "cgroup", tmp_path / "mountinfo", tmp_path / "none")
+    assert (limit.size, limit.used) == (2048 * MiB, 900 * MiB)
+    write(mount / "memory.max", "max\n")
+    assert cgroup_limit(tmp_path / "cgroup", tmp_path / "mountinfo", tmp_path / "none") is None
+
+
+def test_the_usual_paths_serve_when_proc_says_nothing(tmp_path):
+    write(tmp_path / "root/memory.max", f"{512 * MiB}\n")
+    write(tmp_path / "root/memory.current", f"{12 * MiB}\n")
+    limit = cgroup_limit(tmp_path / "no-cgroup", tmp_path / "no-mountinfo", tmp_path / "root")
+    assert (limit.size, limit.used) == (512 * MiB, 12 * MiB)
+
+
+def test_rlimits_are_charged_what_the_kernel_counts(tmp_path):
+    status = write(tmp_path / "status", "VmPeak:\t 2000 kB\nVmSize:\t 1000 kB\nVmRSS:\t 300 kB\nVmData:\t 400 kB\n")
+    limits = {resource.RLIMIT_AS: (2048 * 1024, -1), resource.RLIMIT_DATA: (resource.RLIM_INFINITY, -1)}
+    (address,) = rlimit_limits(status, limits.__getitem__)
+    assert (address.name, address.size, address.used) == ("RLIMIT_AS", 2048 * 1024, 1000 * 1024)
+    limits[resource.RLIMIT_DATA] = (4096 * 1024, -1)
+    data = rlimit_limits(status, limits.__getitem__)[1]
+    assert (data.name, data.used) == ("RLIMIT_DATA", 400 * 1024)
+
+
+def test_a_limit_keeps_its_margin_and_says_what_to_change():
+    limit = Limit("cgroup", 600 * MiB, 250 * MiB, "/sys/fs/cgroup/memory/job", margin=64 * MiB)
+    assert limit.left == 286 * MiB and limit.need(100 * MiB) == 414 * MiB
+    assert "the cgroup limit of 600.00 MiB" in limit.describe() and "286.00 MiB left" in limit.describe()
+    assert "raise the cgroup limit to at least 414.00 MiB (SLURM --mem" in limit.fix(100 * MiB)
+    assert Limit("cgroup", 10, 50).left == 0
+
+
+def test_the_oracle_names_the_binding_limit():
+    oracle = MemoryOracle(MemoryConfig(), limit=None, on_gpu=False)
+    cgroup = Limit("cgroup", 600 * MiB, 250 * MiB, "/sys/fs/cgroup/memory/job", margin=64 * MiB)
+    plan = oracle.plan(small_problem(), cgroup.left, bound=cgroup)
+    assert plan.bound_by == "cgroup" and plan.hard_bound and "bound by the cgroup limit of 600.00 MiB" in plan.describe()
+    assert plan.budget == int(0.7 * cgroup.left)
+    # memory.limit binds when it leaves less than the cgroup
+    capped = MemoryOracle(MemoryConfig(), limit=10 * MiB, on_gpu=False).plan(small_problem(), cgroup.left, bound=cgroup)
+    assert capped.bound_by == "memory.limit"
+    assert oracle.plan(small_problem(), 10**12).bound_by == "device memory"
+    tight = Limit("cgroup", 300 * MiB, 290 * MiB, "/sys/fs/cgroup/memory/job", margin=8 * MiB)
+    minimal = oracle.minimal_limit(small_problem())
+    with pytest.raises(MemoryBudgetError, match=r"^cgroup='300.00 MiB': the \w+ step needs .* under the cgroup limit of "
+                                                r"300.00 MiB .* Fix: raise the cgroup limit to at least") as refused:
+        oracle.plan(small_problem(), tight.left, bound=tight)
+    assert f"at least {tight.need(minimal) / MiB:.2f} MiB" in str(refused.value)
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def tamrun_under(limit: Optional[int], *args: str, cwd: Path, prlimit_as: Optional[int] = None) -> Tuple[int, str, int]:
+    """Run ``python -m tamrun args`` in a fresh child memory cgroup of ``limit`` bytes (None: no
+    cgroup) or under ``prlimit --as``; (exit code, stdout + stderr, the cgroup's peak usage)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    command = [sys.executable, "-m", "tamrun", *args]
+    if prlimit_as is not None:
+        command = [shutil.which("prlimit"), f"--as={prlimit_as}", *command]
+    if limit is None:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+        return done.returncode, done.stdout + done.stderr, 0
+    group = CGROUP_V1 / f"tamrun-test-{os.getpid()}-{limit}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        procs = str(group / "cgroup.procs")
+
+        def enter() -> None:  # in the child, before exec: everything it allocates is charged
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600, preexec_fn=enter)
+        return done.returncode, done.stdout + done.stderr, int((group / "memory.max_usage_in_bytes").read_text())
+    finally:
+        group.rmdir()
+
+
+def cgroup_writable() -> bool:
+    probe = CGROUP_V1 / f"tamrun-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return False
+    return (CGROUP_V1 / "memory.limit_in_bytes").exists()
+
+
+def in_use_at_planning(output: str) -> float:
+    """The MiB the plan's log line says the cgroup held when the run planned."""
+    match = re.search(r"bound by the cgroup limit of .*?; ([0-9.]+) MiB in use", output)
+    assert match, output[-3000:]
+    return float(match.group(1))
+
+
+def rmse_test(output: str) -> str:
+    return re.search(r"rmse_test=([0-9.]+)", output).group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux" or not cgroup_writable(), reason="needs a writable cgroup v1 memory controller")
+def test_a_cgroup_limit_between_the_baseline_and_the_peak_never_kills(tmp_path):
+    """A real memory cgroup (what SLURM --mem and docker --memory set), no memory.limit: the plan
+    fits under the cgroup's limit; between the planning baseline and the uncapped peak the run
+    finishes with the uncapped RMSE or exits 2 naming the cgroup limit; never the kernel's kill (137)."""
+    args = ("model=fourier", "tracking=none")
+    code, output, peak = tamrun_under(8 * 2**30, *args, cwd=tmp_path)
+    assert code == 0, output[-3000:]
+    baseline = in_use_at_planning(output) * MiB
+    assert baseline < peak
+    middle = int((baseline + peak) / 2)
+    for limit in (middle, int(baseline + 0.9 * (peak - baseline))):
+        capped, text, used = tamrun_under(limit, *args, cwd=tmp_path)
+        assert capped in (0, 2), (limit, capped, text[-3000:])
+        assert "Traceback" not in text and used <= limit
+        if capped == 0:
+            assert rmse_test(text) == rmse_test(output)
+        else:  # the default margin (64 MiB) can exceed fourier's whole room above the baseline
+            assert "tamrun: memory error: cgroup=" in text and "raise the cgroup limit to at least" in text, text[-3000:]
+    # with a margin that leaves room, the same limit plans smaller chunks and finishes
+    capped, text, used = tamrun_under(middle, *args, "memory.safety_margin=16MiB", cwd=tmp_path)
+    assert capped == 0 and rmse_test(text) == rmse_test(output), text[-3000:]
+    assert used <= middle
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+@pytest.mark.parametrize("mib", [2000, 1500, 1200])
+def test_an_address_space_limit_finishes_or_refuses_without_a_traceback(tmp_path, mib):
+    """``prlimit --as`` (ulimit -v): torch's CPU allocator fails with a RuntimeError, the tensor meter's
+    warm-up with a MemoryError; the run plans under RLIMIT_AS and finishes or exits 2, never a traceback."""
+    code, output, _ = tamrun_under(None, "model=forest", "tracking=none", "split.train_start=2022-01-01",
+                                   cwd=tmp_path, prlimit_as=mib * MiB)
+    assert code in (0, 2) and "Traceback" not in output, output[-3000:]
+    if code == 2:
+        assert "tamrun: memory error: RLIMIT_AS=" in output, output[-3000:]
+
+
+def test_an_oom_outside_the_chunks_is_refused_naming_the_limit():
+    """A MemoryError raised on purpose (a fake OOM) outside a guarded chunk becomes exit-2 material."""
+    from tamrun.memory.guard import unplanned_oom_refused
+
+    with pytest.raises(MemoryBudgetError, match=r"out of memory outside the planned chunks \(MemoryError: fake"):
+        with unplanned_oom_refused(64 * MiB):
+            raise MemoryError("fake MemoryError raised by the test")
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        with unplanned_oom_refused(64 * MiB):
+            raise RuntimeError("shape mismatch")
+
+
+def test_a_bad_safety_margin_is_refused(compose_cfg):
+    from tamrun.errors import ConfigError
+    from tamrun.runner import run
+
+    with pytest.raises(ConfigError, match=r"memory.safety_margin='lots': not a size.*memory.safety_margin=64MiB"):
+        run(compose_cfg("memory.safety_margin=lots", "tracking=none"))
+
+
+def test_no_room_before_the_data_is_refused():
+    from tamrun.memory.guard import require_room
+
+    require_room(Limit("available RAM", 100 * MiB, 0, margin=200 * MiB), "loading the data")  # not a hard limit
+    require_room(Limit("cgroup", 600 * MiB, 300 * MiB, margin=64 * MiB), "loading the data")
+    with pytest.raises(MemoryBudgetError, match=r"^cgroup='400.00 MiB': nothing is left for loading the data under the "
+                                                r"cgroup limit .* at least 464.00 MiB"):
+        require_room(Limit("cgroup", 400 * MiB, 336 * MiB, margin=64 * MiB), "loading the data")
