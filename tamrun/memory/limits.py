@@ -104,14 +104,18 @@ def read_size(path: Path) -> Optional[int]:
     return None if value >= UNLIMITED else value
 
 
+def read_lines(path: Path) -> List[str]:
+    """The lines of a (kernel) text file, none when it cannot be read."""
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
+
+
 def read_keyed(path: Path) -> Dict[str, int]:
     """``key value`` lines (memory.stat, /proc/self/status with units dropped) as a dict."""
     out: Dict[str, int] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
+    for line in read_lines(path):
         parts = line.replace(":", " ").split()
         if len(parts) >= 2 and parts[1].isdigit():
             out[parts[0]] = int(parts[1]) * (1024 if parts[2:3] == ["kB"] else 1)
@@ -121,11 +125,7 @@ def read_keyed(path: Path) -> Dict[str, int]:
 def parse_proc_cgroup(path: Path) -> Dict[str, str]:
     """/proc/self/cgroup as {controller: path}; the v2 line ``0::/path`` under the key ""."""
     out: Dict[str, str] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
+    for line in read_lines(path):
         parts = line.split(":", 2)
         if len(parts) == 3:
             for controller in parts[1].split(",") if parts[1] else [""]:
@@ -143,11 +143,7 @@ class Mount(NamedTuple):
 def parse_mountinfo(path: Path) -> List[Mount]:
     """The cgroup / cgroup2 mounts of /proc/self/mountinfo."""
     mounts = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return mounts
-    for line in lines:
+    for line in read_lines(path):
         fields = line.split()
         if " - " not in line or len(fields) < 5:
             continue
