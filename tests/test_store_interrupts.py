@@ -64,10 +64,18 @@ def test_an_interrupt_at_any_instant_of_the_creation_leaves_a_store_the_next_run
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(span * i / INSTANTS)  # instants spread over the creation
         proc.send_signal(signum)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # Ctrl-C swallowed somewhere: the user kills it, as they would
+            proc.kill()
+            proc.wait(timeout=30)
         outcomes.append("complete" if db.exists() else "none")
         assert not db.exists() or broken_store(db) is None, f"instant {i}: {broken_store(db)}"
-        usable(uri)
+        try:
+            usable(uri)
+        except Exception as error:
+            raise AssertionError(f"instant {i} ({signal.Signals(signum).name} after {span * i / INSTANTS:.2f} s): "
+                                 f"the next run could not use the store: {error!r}") from error
     assert "none" in outcomes  # some interrupts did land inside the creation
 
 
