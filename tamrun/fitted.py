@@ -23,7 +23,6 @@ from tamrun.data.derive import DataRecipe
 from tamrun.effects.categorical import CategoricalEffect
 from tamrun.effects.design import AdditiveDesign
 from tamrun.errors import DataError
-from tamrun.evaluate import predictions_table
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop
 from tamrun.solve.assembly import row_spans
@@ -114,9 +113,3 @@ class FittedModel:
         real = batch.row_index >= 0
         out[batch.row_index[real]] = predicted[real]
         return out
-
-    def predict_frame(self, frame: pd.DataFrame, split: str, device: torch.device = torch.device("cpu")) -> pd.DataFrame:
-        """Predictions table (date, group, split, actual, predicted) for the rows of ``frame``."""
-        batch = self.batch(frame)
-        recipe = self.recipe
-        return predictions_table(frame, batch, self.predict(batch, device), recipe.date_column, recipe.group, split)
