@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 import numpy as np
 import pandas as pd
 import torch
 
 from tamrun.config.effects import effect_columns
-from tamrun.config.schema import Config, DType
+from tamrun.config.schema import Config, DataConfig, DType
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, drop_missing_groups, enforce)
-from tamrun.data.derive import DataRecipe, add_derived_columns
+from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
 from tamrun.data.load import load_table
 from tamrun.data.split import carve_validation, split_by_date
 from tamrun.device import DeviceManager
@@ -30,8 +30,8 @@ from tamrun.effects.registry import build_effects
 from tamrun.errors import ConfigError, DataError, NumericalError
 from tamrun.evaluate import predictions_table
 from tamrun.fitted import FittedModel, predict_rows
-from tamrun.memory.footprint import problem_size
-from tamrun.memory.guard import ChunkLoop
+from tamrun.memory.footprint import problem_size, results_bytes
+from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
 from tamrun.solve.dispatcher import Dispatcher
 from tamrun.solve.stats import FitStats
@@ -51,12 +51,15 @@ class Splits:
     recipe: DataRecipe
 
 
-def load_splits(config: Config, specs: Dict[str, Any]) -> Splits:
-    """Load the table, add derived columns, check the used columns, apply the NaN policy, split."""
+def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room_check) -> Splits:
+    """Load the table, add derived columns, check the used columns, apply the NaN policy, split.
+    ``room`` is called before each block of the read and each later step (`HostRoomWatch`)."""
     data = config.data
-    frame = add_derived_columns(load_table(data), data.derived, data.date_column)
     numeric = {"data.target": data.target}
     numeric.update(effect_columns(specs))
+    frame = load_table(data, *file_columns(data, numeric), room=room)
+    room("deriving and checking the data")
+    frame = add_derived_columns(frame, data.derived, data.date_column)
     check_table(frame, numeric, {"data.group": data.group} if data.group else {})
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
@@ -64,11 +67,23 @@ def load_splits(config: Config, specs: Dict[str, Any]) -> Splits:
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
                         frame[data.date_column].min() if len(frame) else None)
+    room("splitting the data")
     train, test = split_by_date(frame, config.split, data.date_column)
     check_constant_columns(train, effect_columns(specs), data.constant_features)
     check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
     train, validation = carve_validation(train, config.split, data.date_column)
     return Splits(train, test, validation, recipe)
+
+
+def file_columns(data: DataConfig, numeric: Dict[str, str]) -> Tuple[Dict[str, str], Set[str]]:
+    """The columns a run reads from the file: (config field -> column that must exist: the target, the
+    group, the effects' columns that are not derived, the derived columns' sources; the names a derived
+    expression mentions, read when present)."""
+    sources, mentioned = derived_sources(data.derived)
+    required = {field: column for field, column in numeric.items() if column not in data.derived}
+    if data.group:
+        required["data.group"] = data.group
+    return {**required, **sources}, mentioned
 
 
 @dataclass
@@ -79,12 +94,14 @@ class Features:
     design: AdditiveDesign
 
 
-def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFrame) -> Features:
+def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFrame,
+                   room: RoomCheck = no_room_check) -> Features:
     """Batch the training rows and fit the design (per-group ranges, categorical levels)."""
     data = config.data
     effects = build_effects(specs, config.seed)
     columns = needed_columns(effects)
     train = build_batch(train_frame, columns, data.target, data.group, DTYPES[config.dtype])
+    room("fitting the design")
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)
@@ -96,14 +113,18 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     return Features(train, design)
 
 
-def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0) -> Plan:
-    """The oracle's plan for this problem on this device under memory.limit."""
+def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0,
+                n_scored_rows: int = 0) -> Plan:
+    """The oracle's plan for this problem on this device under memory.limit. On the CPU the results of
+    ``n_scored_rows`` rows (`results_bytes`: the predictions table) are reserved out of the free memory
+    first: they are held after the fit, beside nothing the chunks need."""
     oracle = MemoryOracle(config.memory, config.memory.limit_bytes, on_gpu=devices.kind != "cpu")
     train = features.train
     size = problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
                         n_predict_rows)
     view = devices.memory(config.memory.safety_margin_bytes)
-    return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound)
+    free = view.free if devices.kind != "cpu" else max(0, view.free - results_bytes(n_scored_rows))
+    return oracle.plan(size, free, config.solver.name.value, config.solver.dual, view.held, view.bound)
 
 
 def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor:

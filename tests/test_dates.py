@@ -51,3 +51,13 @@ def test_blank_dates_are_dropped_under_nan_policy_drop(compose_cfg, tmp_path, ca
     result = run(compose_cfg(*csv_overrides(blank_dates(tmp_path)), "tracking=none", "data.nan_policy=drop"))
     assert "dropping 3 row(s) without a date" in caplog.text
     assert result.metrics["n_train_rows"] + result.metrics["n_test_rows"] == len(synthetic_frame()) - 3
+
+
+def test_blank_dates_are_found_at_their_file_line_whatever_the_read_block(compose_cfg, tmp_path):
+    """The file is read in blocks of data.read_chunk_rows rows: a blank date in the third block of
+    100 rows is reported at its own line of the file (row 250 + the header = line 252)."""
+    frame = synthetic_frame().astype({"date": str})
+    frame.loc[[250, 251], "date"] = ""
+    path = write(frame, tmp_path / "blank.csv")
+    with pytest.raises(DataError, match=r"2 row\(s\) have no date \(first at line 252 of the file\)"):
+        run(compose_cfg(*csv_overrides(path), "tracking=none", "data.read_chunk_rows=100"))

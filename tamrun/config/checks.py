@@ -146,6 +146,8 @@ def _check_hw(cfg: Config) -> None:
 def _check_data(cfg: Config) -> None:
     _require(cfg.data.source != DataSource.file or bool(cfg.data.path), "data.path", cfg.data.path,
              "data.source=file needs the path of a CSV file", "set data.path=/path/to/file.csv")
+    _require(cfg.data.read_chunk_rows >= 1, "data.read_chunk_rows", cfg.data.read_chunk_rows, "must be >= 1",
+             _set_default("data.read_chunk_rows"))
     for name, derived in cfg.data.derived.items():
         field = f"data.derived.{name}"
         _require(derived.kind in _DERIVED_KINDS, f"{field}.kind", derived.kind, "unknown derived-column kind",

@@ -121,6 +121,9 @@ class DataConfig:
     # A model column constant within some groups of the training split (not all: see constant_features);
     # those groups' effect learns nothing.
     constant_in_group: CheckPolicy = CheckPolicy.warn
+    # Rows parsed at a time when reading the file: the read's transient memory is one such block
+    # (its text and date strings), not the whole file's.
+    read_chunk_rows: int = 65536
 
 
 @dataclass

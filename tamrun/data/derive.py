@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional
+import re
+from typing import Dict, Mapping, Optional, Set, Tuple
 
 import numpy as np
 import pandas as pd
@@ -14,12 +15,13 @@ from tamrun.errors import DataError
 
 def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
                         origin: Optional[pd.Timestamp] = None) -> pd.DataFrame:
-    """Return a copy of ``frame`` with each derived column appended, in config order.
+    """Return ``frame`` with each derived column appended, in config order (a new frame; the
+    existing columns are shared, copy-on-write, not copied).
 
     ``time_index``: (date - origin) / unit, a float (origin: the frame's first date unless given);
     ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: ``frame.eval(expr)`` as float.
     """
-    out = frame.copy()
+    out = frame.copy(deep=False)
     for name, spec in derived.items():
         field = f"data.derived.{name}"
         if spec.kind == "time_index":
@@ -41,6 +43,19 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
                 raise DataError(f"{field}.expr", spec.expr, f"the expression cannot be evaluated ({exc})",
                                 "write a pandas expression over existing columns, e.g. 'day_type_week >= 5'") from None
     return out
+
+
+def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str], Set[str]]:
+    """The file columns the derived columns read: (config field -> column of each ``isin``, which
+    must exist; the names an ``expr`` mentions, which are read when they are columns)."""
+    required: Dict[str, str] = {}
+    mentioned: Set[str] = set()
+    for name, spec in derived.items():
+        if spec.kind == "isin" and spec.column:
+            required[f"data.derived.{name}.column"] = spec.column
+        elif spec.kind == "expr" and spec.expr:
+            mentioned.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", spec.expr))
+    return required, mentioned
 
 
 @dataclass(frozen=True)

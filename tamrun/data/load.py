@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterable, List, Mapping, Optional, Tuple
 
 import pandas as pd
 
@@ -22,53 +22,92 @@ def embedded_path() -> Path:
     return Path(str(resources.files("tamrun.data") / "national" / EMBEDDED_NATIONAL))
 
 
-def load_table(cfg: DataConfig) -> pd.DataFrame:
-    """Read the table, parse the date column and sort rows by (date, group).
-
-    Raises:
-        DataError: the file is missing, unreadable or empty, or the date column is absent/unparseable.
-    """
+def table_path(cfg: DataConfig) -> Path:
+    """The CSV the config names (data.path, or the embedded dataset); `DataError` if it is not a file."""
     path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
     if path.is_dir():
         raise DataError("data.path", str(path), "a folder, not a file", "point data.path at a CSV file inside it")
     if not path.is_file():
         raise DataError("data.path", str(path), "no such file", "point data.path at an existing CSV file")
+    return path
+
+
+def read_csv(path: Path, **options) -> pd.DataFrame:
+    """``pandas.read_csv`` with its failures as `DataError` naming data.path."""
     try:
-        frame = pd.read_csv(path)
+        return pd.read_csv(path, **options)
     except pd.errors.EmptyDataError:
         raise DataError("data.path", str(path), "the file is empty", "give a CSV with a header and rows") from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
         raise DataError("data.path", str(path), f"the file cannot be read as CSV ({exc})",
                         "give a readable CSV file (optionally .gz)") from None
+
+
+def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
+               optional: Iterable[str] = (), room: Callable[[str], None] = lambda what: None) -> pd.DataFrame:
+    """Read the table, parse the date column and sort rows by (date, group).
+
+    ``required`` (config field -> column): the columns the run reads from the file, checked against
+    its header before anything else is read; with it, only those, the date and ``optional`` (read
+    when present) are loaded: the columns no effect uses never take memory. Without it, every column.
+    ``room(what)`` is called before each block is read (a check of the memory left; it may raise).
+
+    Raises:
+        DataError: the file is missing, unreadable or empty, or a required column is absent, or the date
+        column is absent/unparseable.
+    """
+    path = table_path(cfg)
+    header = list(read_csv(path, nrows=0).columns)
+    require_columns(pd.DataFrame(columns=header), {"data.date_column": cfg.date_column, **(required or {})})
+    wanted = None if required is None else {cfg.date_column, *required.values(), *optional}
+    frame = read_rows(path, None if wanted is None else [c for c in header if c in wanted], cfg, room)
     if frame.empty:
         raise DataError("data.path", str(path), "the file has no rows", "give a CSV with at least one data row")
-    require_columns(frame, {"data.date_column": cfg.date_column})
-    frame = parse_dates(frame, cfg.date_column, cfg.nan_policy)
     sort_by = [cfg.date_column] + ([cfg.group] if cfg.group and cfg.group in frame.columns else [])
     frame = frame.sort_values(sort_by, kind="stable").reset_index(drop=True)
     log.info("loaded %d rows x %d columns from %s", len(frame), frame.shape[1], path)
     return frame
 
 
-def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy) -> pd.DataFrame:
-    """``frame`` with ``column`` parsed as timestamps. Timestamps with a UTC offset (``+01:00``,
-    ``Z``) are converted to UTC and the offset dropped, so that one table may mix offsets (summer and
-    winter time); timestamps without one are taken as they are. Blank cells are refused under
-    data.nan_policy=error and their rows dropped (with a log line) under drop."""
+def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[[str], None]) -> pd.DataFrame:
+    """The file's rows (``usecols`` only, if given) with the date column parsed, read in blocks of
+    data.read_chunk_rows so that the text and date strings of one block are held at a time."""
+    parts, dropped, rows = [], 0, 0
+    try:
+        for block in pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows):
+            room(f"parsing the data (rows {rows + 1}-{rows + len(block)})")
+            rows += len(block)
+            block, blank = parse_dates(block, cfg.date_column, cfg.nan_policy)
+            parts.append(block)
+            dropped += blank
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise DataError("data.path", str(path), f"the file cannot be read as CSV ({exc})",
+                        "give a readable CSV file (optionally .gz)") from None
+    if dropped:
+        log.warning("dropping %d row(s) without a date in column %r (data.nan_policy=drop)", dropped, cfg.date_column)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=usecols)
+
+
+def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy) -> Tuple[pd.DataFrame, int]:
+    """``frame`` with ``column`` parsed as timestamps, and the number of rows dropped. Timestamps with a
+    UTC offset (``+01:00``, ``Z``) are converted to UTC and the offset dropped, so that one table may
+    mix offsets (summer and winter time); timestamps without one are taken as they are. Blank cells
+    are refused under data.nan_policy=error (naming the file line of the first: the frame's index
+    counts the file's rows) and their rows dropped under drop."""
     blank = frame[column].isna() | (frame[column].astype(str).str.strip() == "")
-    if bool(blank.any()):
+    dropped = int(blank.sum())
+    if dropped:
         if policy != NanPolicy.drop:
-            raise DataError("data.date_column", column, f"{int(blank.sum())} row(s) have no date (first at line "
-                            f"{int(blank.to_numpy().argmax()) + 2} of the file)",
+            raise DataError("data.date_column", column, f"{dropped} row(s) have no date (first at line "
+                            f"{int(blank.idxmax()) + 2} of the file)",
                             "fill the dates, or set data.nan_policy=drop to drop those rows")
-        log.warning("dropping %d row(s) without a date in column %r (data.nan_policy=drop)", int(blank.sum()), column)
-        frame = frame[~blank.to_numpy()].reset_index(drop=True)
+        frame = frame[~blank.to_numpy()]
     try:
         dates = pd.to_datetime(frame[column], utc=True).dt.tz_localize(None)
     except (ValueError, TypeError) as exc:
         raise DataError("data.date_column", column, f"its values are not dates ({exc})",
                         "give ISO timestamps such as 2024-01-31 12:30:00") from None
-    return frame.assign(**{column: dates})
+    return frame.assign(**{column: dates}), dropped
 
 
 def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:

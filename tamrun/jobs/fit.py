@@ -42,7 +42,11 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics.update(run_metrics(prepared, fit))
     log.info("rmse_train=%.1f rmse_test=%.1f mape_test=%.3f%% fit=%.2fs", metrics["rmse_train"], metrics["rmse_test"],
              metrics["mape_test"], metrics["fit_seconds"])
-    record_fit(tracked, prepared, fit, table, metrics)
+    with recorder.phase("record"):
+        record_fit(tracked, prepared, fit, table, metrics)
+    after = {"peak_after_planning_bytes": recorder.peak_after_planning(), **recorder.phase_metrics("record")}
+    tracked.log_metrics(after)
+    metrics.update(after)
     return RunResult(run_id=None, route=fit.plan.route, width=fit.model.design.width, groups=fit.model.groups,
                      coef=fit.model.coef, metrics=metrics, predictions=table, plan=fit.plan, stats=fit.stats)
 

@@ -9,6 +9,7 @@ memory accounting (phase recorder, tracker, OOM log).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -16,7 +17,7 @@ from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
 from tamrun.device import DeviceManager
 from tamrun.fitted import prediction_batch
-from tamrun.memory.guard import ChunkLoop, OomLog, ProgressCallback, no_progress, oom_settings, require_room
+from tamrun.memory.guard import ChunkLoop, HostRoomWatch, OomLog, ProgressCallback, no_progress, oom_settings
 from tamrun.memory.meter import TensorMeter
 from tamrun.memory.oracle import Plan
 from tamrun.memory.profiler import PhaseRecorder
@@ -55,22 +56,40 @@ class Prepared:
                          self.devices.empty_cache, self.recorder.snapshot, progress)
 
 
+def import_recording_libraries(config: Config) -> None:
+    """Import now the libraries recording will use (matplotlib's Agg canvas for the plots, mlflow.pyfunc
+    for the model), so that they are part of the planning baseline, not growth above the plan's budget.
+    A run that records neither imports neither."""
+    tracking = config.tracking
+    if tracking.enabled and tracking.log_plots:
+        importlib.import_module("matplotlib.backends.backend_agg")
+        importlib.import_module("matplotlib.figure")
+    if tracking.enabled and tracking.log_model:
+        importlib.import_module("tamrun.tracking.pyfunc_model")
+
+
 def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_meter: bool = True) -> Prepared:
     """The data and features phases and the plan. ``warm_meter``: warm the tensor meter up first (when
-    a metered phase follows), so that its one-time cost is not charged to the first metered phase."""
+    a metered phase follows), so that its one-time cost is not charged to the first metered phase.
+    Recording's libraries are imported first too (`import_recording_libraries`)."""
+    if warm_meter:
+        import_recording_libraries(config)
     metered = config.memory.meter and (TensorMeter.warm_up() if warm_meter else True)
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
-    require_room(devices.memory(config.memory.safety_margin_bytes).bound, "loading the data")
+    room = HostRoomWatch(config.memory.safety_margin_bytes)
+    room("loading the data")
     recorder = PhaseRecorder(devices)
     with recorder.phase("data"):
-        splits = load_splits(config, specs)
-    require_room(devices.memory(config.memory.safety_margin_bytes).bound, "building the features")
+        splits = load_splits(config, specs, room)
+    room("building the features")
     with recorder.phase("features"):
-        features = build_features(config, specs, splits.train)
+        features = build_features(config, specs, splits.train, room)
         test = prediction_batch(features.design, features.train.groups, splits.recipe, features.train.x.dtype,
                                 splits.test)
-    plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1])
+    recorder.mark_planning()
+    scored = len(splits.train) + len(splits.test) + (0 if splits.validation is None else len(splits.validation))
+    plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1], n_scored_rows=scored)
     # every chunk is charged to the plan's budget when a hard limit binds it (memory.limit, cgroup, rlimits)
     tracker = MemoryTracker(plan.budget if limit is not None or plan.hard_bound else None, plan.overhead)
     return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog(),

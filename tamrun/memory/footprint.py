@@ -190,6 +190,19 @@ def problem_size(n_groups: int, n_rows: int, design: "AdditiveDesign", itemsize:
                        kernel_build=kernel_build)
 
 
+# ---- what a run keeps after its fit --------------------------------------------------------------
+# The predictions table of every scored row (date, group, split, actual, predicted: 5 columns of 8
+# bytes) is built per split, concatenated and sorted (3 copies at its peak); its CSV is written from
+# it in pandas' blocks. Reserved out of the real limit's free memory before the chunks are chosen.
+RESULT_COLUMNS = 5
+RESULT_COPIES = 3
+
+
+def results_bytes(n_scored_rows: int) -> int:
+    """Bytes of the run's predictions table at its peak: rows x 5 columns x 8 bytes x 3 copies."""
+    return n_scored_rows * RESULT_COLUMNS * 8 * RESULT_COPIES
+
+
 # ---- the routes' systems -------------------------------------------------------------------------
 def dense_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's dense normal equations and their Cholesky solve."""

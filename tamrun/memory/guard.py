@@ -92,6 +92,27 @@ def require_room(bound: Optional[Limit], what: str) -> None:
                             bound.fix(bound.margin))
 
 
+# A check called between the steps of work no plan covers (``what``: the step about to run).
+RoomCheck = Callable[[str], None]
+
+
+def no_room_check(what: str) -> None:
+    """A `RoomCheck` that checks nothing (tests, tools)."""
+
+
+@dataclass(frozen=True)
+class HostRoomWatch:
+    """A `RoomCheck` over the host's real limits: before each step of the unplanned work (each block of
+    the data read, its checks, the features) the tightest limit is read again, and `require_room`
+    refuses (exit 2) when it has nothing left above ``margin`` (memory.safety_margin). A step smaller
+    than the margin can then never reach the limit: a refusal, not the kernel's kill."""
+
+    margin: int
+
+    def __call__(self, what: str) -> None:
+        require_room(binding_limit(self.margin), what)
+
+
 def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:
     """The config's retry settings, overridden by OOM_* environment variables when set."""
     env = os.environ if environ is None else environ

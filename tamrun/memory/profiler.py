@@ -56,6 +56,7 @@ class PhaseRecorder:
     current: str = ""
     started: float = field(default_factory=time.perf_counter)
     meter: Optional[TensorMeter] = None
+    planning_baseline: int = -1  # held when the plan was made (-1: not planned yet)
     _phase_peak: int = 0
 
     def snapshot(self, label: str) -> None:
@@ -92,6 +93,14 @@ class PhaseRecorder:
             self.snapshot("end")
             self.meter = None
 
+    def mark_planning(self) -> None:
+        """Record what the process holds as the plan is made: the baseline the plan's budget lies above."""
+        self.planning_baseline = self.devices.allocated()
+
+    def peak_after_planning(self, phases: tuple = ("solve", "predict", "evaluate", "record")) -> int:
+        """The highest memory held during the phases that follow the plan (absolute; 0 if none ran)."""
+        return max((self.phases[p].peak_bytes for p in phases if p in self.phases), default=0)
+
     def working_peak(self, phases: tuple = ("solve", "predict")) -> int:
         """The largest peak above its phase's start among ``phases`` (the memory the plan governs)."""
         return max((self.phases[p].working_peak for p in phases if p in self.phases), default=0)
@@ -99,14 +108,20 @@ class PhaseRecorder:
     def metrics(self) -> Dict[str, float]:
         """``<phase>_seconds``, ``peak_memory_<phase>_bytes`` (absolute), ``working_peak_<phase>_bytes``."""
         out: Dict[str, float] = {}
-        for name, rec in self.phases.items():
-            out[f"{name}_seconds"] = rec.seconds
-            out[f"peak_memory_{name}_bytes"] = rec.peak_bytes
-            out[f"working_peak_{name}_bytes"] = rec.working_peak
+        for name in self.phases:
+            out.update(self.phase_metrics(name))
         if self.phases:
             out["peak_memory_bytes"] = max(r.peak_bytes for r in self.phases.values())
         out["working_peak_bytes"] = self.working_peak()
+        if self.planning_baseline >= 0:
+            out["planning_baseline_bytes"] = self.planning_baseline
         return out
+
+    def phase_metrics(self, name: str) -> Dict[str, float]:
+        """One phase's ``<phase>_seconds``, ``peak_memory_<phase>_bytes``, ``working_peak_<phase>_bytes``."""
+        rec = self.phases[name]
+        return {f"{name}_seconds": rec.seconds, f"peak_memory_{name}_bytes": rec.peak_bytes,
+                f"working_peak_{name}_bytes": rec.working_peak}
 
     def as_dict(self) -> dict:
         return {"phases": {k: {**asdict(v), "working_peak": v.working_peak} for k, v in self.phases.items()},
