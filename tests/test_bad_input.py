@@ -26,6 +26,9 @@ from mlflow.tracking import MlflowClient
 
 from conftest import csv_overrides, synthetic_frame
 from tamrun.__main__ import main
+from tamrun.config.effects import EFFECT_SPECS
+from tamrun.config.ranges import EFFECTS, SETTINGS, numeric_fields
+from tamrun.config.schema import Config
 from tamrun.device import require_dtype
 from tamrun.errors import DeviceError
 
@@ -114,11 +117,11 @@ CASES = [
          ["model.effects.temp.m='abc'", "a fourier effect takes"], False),
     Case("negative m", ["model.effects.temp.m=-2"], ["model.effects.temp.m=-2", "in [1, 1000]", "Fix:"], False),
     Case("forest depth 0", ["model=forest", "model.effects.forest.max_depth=0"],
-         ["model.effects.forest.max_depth=0", "in [1, 20]", "Fix: set max_depth"], False),
+         ["model.effects.forest.max_depth=0", "in [1, 20]", "Fix: set model.effects.forest.max_depth=6"], False),
     Case("forest depth 21", ["model=forest", "model.effects.forest.max_depth=21"],
          ["model.effects.forest.max_depth=21", "in [1, 20]"], False),
     Case("forest n_trees 0", ["model=forest", "model.effects.forest.n_trees=0"],
-         ["model.effects.forest.n_trees=0", "Fix: set n_trees"], False),
+         ["model.effects.forest.n_trees=0", "Fix: set model.effects.forest.n_trees=50"], False),
     Case("tolerance 0", ["solver.tol=0"], ["solver.tol=0.0", "in (0, 1)", "Fix: set solver.tol=1e-6"], False),
     Case("tolerance negative", ["solver.tol=-1e-6"], ["solver.tol=-1e-06", "in (0, 1)"], False),
     Case("fraction above 1", ["memory.dense_fraction=1.5"], ["memory.dense_fraction=1.5", "(0, 1]", "Fix:"], False),
@@ -135,8 +138,8 @@ CASES = [
     Case("unknown dtype", ["dtype=float16"], ["dtype", "float16", "float64", "Fix:"], False),
     Case("malformed limit", ["memory.limit=lots"], ["memory.limit='lots'", "not a size", "2GiB"], False,
          subprocess=True),
-    Case("zero limit", ["memory.limit=0"], ["memory.limit='0'", "must be positive"], False),
-    Case("busy timeout 0", ["tracking.busy_timeout_s=0"], ["tracking.busy_timeout_s=0.0", "positive"], False),
+    Case("zero limit", ["memory.limit=0"], ["memory.limit='0'", "in [1, 2^63-1]", "memory.limit=null"], False),
+    Case("busy timeout 0", ["tracking.busy_timeout_s=0"], ["tracking.busy_timeout_s=0.0", "in (0, 604800]"], False),
     Case("csv without a path", ["data=csv"], ["data.path=None", "needs the path", "Fix:"], False),
     Case("unreachable tracking server", ["tracking.uri=http://127.0.0.1:9"],
          ["tracking.uri='http://127.0.0.1:9'", "does not answer", "tracking.enabled=false"], False, subprocess=True),
@@ -288,6 +291,51 @@ def test_hydra_verbose_shows_the_traceback(tmp_path, monkeypatch, capsys):
         main(["hydra.verbose=true", "memory.limit=lots", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
     err = capsys.readouterr().err
     assert ended.value.code == 2 and "Traceback" in err and "memory.limit='lots'" in err
+
+
+# --- every numeric setting, found by introspection of the schema: a new field cannot escape
+
+# The other side of a crossing whose own fields are probed (two columns: a crossing of one column with
+# itself is refused for that reason).
+CROSSING_SIDES = "left: {kind: fourier, column: x}, right: {kind: linear, column: dow}, "
+def numeric_settings() -> List[tuple]:
+    """(test id, dotted field, the override that sets it to <v>, int or float) for every numeric field
+    of `Config` and of every effect spec (as an effect ``probe`` added to the default model)."""
+    found = [(name, name, f"{name}=<v>", kind) for name, kind in numeric_fields(Config)]
+    for kind_name, cls in EFFECT_SPECS.items():
+        body = CROSSING_SIDES if kind_name == "crossing" else "column: x, "
+        for name, kind in numeric_fields(cls):
+            override = f"+model.effects.probe={{kind: {kind_name}, {body}{name}: <v>}}"
+            found.append((f"{kind_name}.{name}", f"model.effects.probe.{name}", override, kind))
+    return found
+
+
+NUMERIC_SETTINGS = numeric_settings()
+ABSURD = {float: ["nan", "inf"], int: ["-1", str(2**64)]}
+
+
+def test_every_numeric_setting_has_a_declared_range():
+    declared = set(SETTINGS) | {f"{kind}.{name}" for kind, fields in EFFECTS.items() for name in fields}
+    fields = {name for name, _ in numeric_fields(Config)}
+    fields |= {f"{kind}.{name}" for kind, cls in EFFECT_SPECS.items() for name, _ in numeric_fields(cls)}
+    assert {"seed", "memory.oom.max_retries", "solver.tol", "fourier.m", "forest.seed"} <= fields
+    assert fields == declared, f"without a range: {sorted(fields - declared)}; stale: {sorted(declared - fields)}"
+
+
+@pytest.mark.parametrize("field, override, kind", [s[1:] for s in NUMERIC_SETTINGS],
+                         ids=[s[0] for s in NUMERIC_SETTINGS])
+def test_every_numeric_setting_is_range_checked(field, override, kind, tmp_path, monkeypatch, capsys):
+    """NaN and inf (floats), -1 and 2^64 (ints) are refused, naming the field, before any run."""
+    monkeypatch.chdir(tmp_path)
+    for value in ABSURD[kind]:
+        with pytest.raises(SystemExit) as ended:
+            main([override.replace("<v>", value), f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+        out = capsys.readouterr()
+        output = out.out + out.err
+        assert ended.value.code == 2, output
+        assert f"tamrun: config error: {field}=" in output and "must be" in output and "Fix: " in output, output
+        assert "Traceback" not in output
+        assert not (tmp_path / "mlflow.db").exists()  # refused before the MLflow run
 
 
 def test_float64_on_a_device_without_it_is_refused():
