@@ -19,6 +19,12 @@ def shown(value: Any) -> str:
     return f"{text[:100]}...{text[-40:]} ({len(text)} characters)"
 
 
+def os_reason(exc: OSError) -> str:
+    """An OS error's reason without the path it names (the message names the path once, as the value):
+    "[Errno 36] File name too long"."""
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+
+
 class TamrunError(Exception):
     """An error caused by the user's input (config, data, hardware or memory limit).
 

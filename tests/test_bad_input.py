@@ -295,8 +295,7 @@ def test_hydra_verbose_shows_the_traceback(tmp_path, monkeypatch, capsys):
 
 # --- every numeric setting, found by introspection of the schema: a new field cannot escape
 
-# The other side of a crossing whose own fields are probed (two columns: a crossing of one column with
-# itself is refused for that reason).
+# The sides of a crossing whose own fields are probed.
 CROSSING_SIDES = "left: {kind: fourier, column: x}, right: {kind: linear, column: dow}, "
 def numeric_settings() -> List[tuple]:
     """(test id, dotted field, the override that sets it to <v>, int or float) for every numeric field

@@ -150,6 +150,17 @@ def _check_ranges(spec: Any, path: str) -> None:
                  f"use one of {', '.join(CATEGORICAL_TOPOLOGIES)}")
 
 
+def _check_crossing(spec: CrossingSpec, path: str) -> None:
+    """Refuse crossings of crossings and of two forests."""
+    for side in ("left", "right"):
+        if isinstance(getattr(spec, side), CrossingSpec):
+            raise ConfigError(f"{path}.{side}.kind", "crossing", "a crossing of crossings is not supported",
+                              "cross two plain effects (e.g. forest x fourier)")
+    if isinstance(spec.left, ForestSpec) and isinstance(spec.right, ForestSpec):
+        raise ConfigError(f"{path}.right.kind", "forest", "a crossing of two forests is not supported",
+                          "make one side a dense effect (fourier, spline, linear, categorical)")
+
+
 def parse_effect(name: str, node: Any, path_prefix: str = "model.effects") -> Any:
     """Parse one effect's config node into the dataclass of its kind (validated).
 
@@ -178,13 +189,7 @@ def parse_effect(name: str, node: Any, path_prefix: str = "model.effects") -> An
     if isinstance(spec, CrossingSpec):
         spec.left = parse_effect("left", spec.left, path)
         spec.right = parse_effect("right", spec.right, path)
-        for side in ("left", "right"):
-            if isinstance(getattr(spec, side), CrossingSpec):
-                raise ConfigError(f"{path}.{side}.kind", "crossing", "a crossing of crossings is not supported",
-                                  "cross two plain effects (e.g. forest x fourier)")
-        if isinstance(spec.left, ForestSpec) and isinstance(spec.right, ForestSpec):
-            raise ConfigError(f"{path}.right.kind", "forest", "a crossing of two forests is not supported",
-                              "make one side a dense effect (fourier, spline, linear, categorical)")
+        _check_crossing(spec, path)
     _check_ranges(spec, path)
     return spec
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import zlib
 from importlib import resources
 from pathlib import Path
 from typing import Mapping
@@ -10,7 +11,7 @@ from typing import Mapping
 import pandas as pd
 
 from tamrun.config.schema import DataConfig, DataSource, NanPolicy
-from tamrun.errors import DataError
+from tamrun.errors import DataError, os_reason
 
 log = logging.getLogger(__name__)
 
@@ -29,24 +30,46 @@ def load_table(cfg: DataConfig) -> pd.DataFrame:
         DataError: the file is missing, unreadable or empty, or the date column is absent/unparseable.
     """
     path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
-    if path.is_dir():
-        raise DataError("data.path", str(path), "a folder, not a file", "point data.path at a CSV file inside it")
-    if not path.is_file():
-        raise DataError("data.path", str(path), "no such file", "point data.path at an existing CSV file")
-    try:
-        frame = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise DataError("data.path", str(path), "the file is empty", "give a CSV with a header and rows") from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-        raise DataError("data.path", str(path), f"the file cannot be read as CSV ({exc})",
-                        "give a readable CSV file (optionally .gz)") from None
-    if frame.empty:
-        raise DataError("data.path", str(path), "the file has no rows", "give a CSV with at least one data row")
+    frame = read_csv(path)
     require_columns(frame, {"data.date_column": cfg.date_column})
     frame = parse_dates(frame, cfg.date_column, cfg.nan_policy)
     sort_by = [cfg.date_column] + ([cfg.group] if cfg.group and cfg.group in frame.columns else [])
     frame = frame.sort_values(sort_by, kind="stable").reset_index(drop=True)
     log.info("loaded %d rows x %d columns from %s", len(frame), frame.shape[1], path)
+    return frame
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    """The CSV (optionally .gz) at ``path``, with at least one row and no column named twice.
+
+    Raises:
+        DataError: the path is not a readable file, or the table is empty, corrupt or ambiguous.
+    """
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise DataError("data.path", str(path), f"the path cannot be used ({os_reason(exc)})",
+                        "point data.path at an existing CSV file") from None
+    if is_dir:
+        raise DataError("data.path", str(path), "a folder, not a file", "point data.path at a CSV file inside it")
+    if not is_file:
+        raise DataError("data.path", str(path), "no such file", "point data.path at an existing CSV file")
+    try:
+        frame = pd.read_csv(path)
+        header = pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].tolist()
+    except pd.errors.EmptyDataError:
+        raise DataError("data.path", str(path), "the file is empty", "give a CSV with a header and rows") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)  # EOFError, zlib.error: a corrupt .gz
+        raise DataError("data.path", str(path), f"the file cannot be read as CSV ({reason})",
+                        "give a readable CSV file (optionally .gz)") from None
+    if frame.empty:
+        raise DataError("data.path", str(path), "the file has no rows", "give a CSV with at least one data row")
+    repeated = sorted({name for name in header if header.count(name) > 1}, key=str)
+    if repeated:
+        raise DataError("data.path", str(path), f"the header names column(s) {repeated} more than once (pandas "
+                        "would rename the copies and a setting could read the wrong one)",
+                        "give every column a distinct name")
     return frame
 
 
