@@ -10,6 +10,7 @@ code and the absence of a traceback as a user sees them.
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import shutil
 import sqlite3
@@ -442,8 +443,12 @@ def test_a_store_locked_past_the_busy_timeout_is_refused(tmp_path, monkeypatch, 
 
 def test_hydra_verbose_shows_the_traceback(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as ended:
-        main(["hydra.verbose=true", "memory.limit=lots", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+    level = logging.getLogger().level
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main(["hydra.verbose=true", "memory.limit=lots", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+    finally:  # Hydra leaves the root logger at DEBUG: later runs would log to this test's closed stream
+        logging.getLogger().setLevel(level)
     err = capsys.readouterr().err
     assert ended.value.code == 2 and "Traceback" in err and "memory.limit='lots'" in err
 
