@@ -8,6 +8,22 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+LONGEST_VALUE = 160  # characters of a value's repr a message shows (a 5000-character path is cut)
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, its middle cut when it is longer than `LONGEST_VALUE` (the length is said)."""
+    text = repr(value)
+    if len(text) <= LONGEST_VALUE:
+        return text
+    return f"{text[:100]}...{text[-40:]} ({len(text)} characters)"
+
+
+def os_reason(exc: OSError) -> str:
+    """An OS error's reason without the path it names (the message names the path once, as the value):
+    "[Errno 36] File name too long"."""
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+
 
 class TamrunError(Exception):
     """An error caused by the user's input (config, data, hardware or memory limit).
@@ -26,7 +42,7 @@ class TamrunError(Exception):
         self.value = value
         self.problem = problem
         self.fix = fix
-        super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
+        super().__init__(f"{field}={shown(value)}: {problem}. Fix: {fix}")
 
 
 class ConfigError(TamrunError):

@@ -9,6 +9,8 @@ code and the absence of a traceback as a user sees them.
 
 from __future__ import annotations
 
+import gzip
+import logging
 import os
 import shutil
 import sqlite3
@@ -26,6 +28,9 @@ from mlflow.tracking import MlflowClient
 
 from conftest import csv_overrides, synthetic_frame
 from tamrun.__main__ import main
+from tamrun.config.effects import EFFECT_SPECS
+from tamrun.config.ranges import EFFECTS, SETTINGS, numeric_fields
+from tamrun.config.schema import Config
 from tamrun.device import require_dtype
 from tamrun.errors import DeviceError
 
@@ -75,6 +80,27 @@ def _constant_column(f: pd.DataFrame) -> pd.DataFrame:
     return f
 
 
+def _text_target(f: pd.DataFrame) -> pd.DataFrame:
+    f["y"] = "a"
+    return f
+
+
+def _undated(f: pd.DataFrame) -> pd.DataFrame:
+    f["date"] = "someday"
+    return f
+
+
+def _empty_feature(f: pd.DataFrame) -> pd.DataFrame:
+    f["x"] = np.nan
+    return f
+
+
+def _header_twice(f: pd.DataFrame) -> pd.DataFrame:
+    f["x2"] = f["x"]
+    f.columns = ["date", "x", "dow", "g", "y", "x"]
+    return f
+
+
 @dataclass
 class Case:
     """One bad input: ``argv`` ({csv} = the case's CSV file, {tmp} = its folder), the CSV's edit
@@ -101,6 +127,17 @@ def _folder_named(name: str) -> Callable[[Path], None]:
     return lambda tmp: (tmp / name).mkdir()
 
 
+def _gzipped(keep: float = 1.0, junk: bool = False) -> Callable[[Path], None]:
+    """Write data.csv.gz: the case's CSV gzipped, cut to its first ``keep`` part, or a gzip header
+    followed by bytes that are not deflate data (``junk``)."""
+    def write(tmp: Path) -> None:
+        packed = b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4 if junk else gzip.compress((tmp / "data.csv").read_bytes())
+        (tmp / "data.csv.gz").write_bytes(packed[:int(len(packed) * keep)])
+    return write
+
+
+LONG = "a" * 5000  # one path component longer than any file system allows (255 bytes on Linux)
+
 CASES = [
     # --- config: refused before any run starts
     Case("unknown group option", ["model=nope"], ["Could not find 'model/nope'", "fourier", "Fix:"], False,
@@ -114,11 +151,11 @@ CASES = [
          ["model.effects.temp.m='abc'", "a fourier effect takes"], False),
     Case("negative m", ["model.effects.temp.m=-2"], ["model.effects.temp.m=-2", "in [1, 1000]", "Fix:"], False),
     Case("forest depth 0", ["model=forest", "model.effects.forest.max_depth=0"],
-         ["model.effects.forest.max_depth=0", "in [1, 20]", "Fix: set max_depth"], False),
+         ["model.effects.forest.max_depth=0", "in [1, 20]", "Fix: set model.effects.forest.max_depth=6"], False),
     Case("forest depth 21", ["model=forest", "model.effects.forest.max_depth=21"],
          ["model.effects.forest.max_depth=21", "in [1, 20]"], False),
     Case("forest n_trees 0", ["model=forest", "model.effects.forest.n_trees=0"],
-         ["model.effects.forest.n_trees=0", "Fix: set n_trees"], False),
+         ["model.effects.forest.n_trees=0", "Fix: set model.effects.forest.n_trees=50"], False),
     Case("tolerance 0", ["solver.tol=0"], ["solver.tol=0.0", "in (0, 1)", "Fix: set solver.tol=1e-6"], False),
     Case("tolerance negative", ["solver.tol=-1e-6"], ["solver.tol=-1e-06", "in (0, 1)"], False),
     Case("fraction above 1", ["memory.dense_fraction=1.5"], ["memory.dense_fraction=1.5", "(0, 1]", "Fix:"], False),
@@ -135,8 +172,8 @@ CASES = [
     Case("unknown dtype", ["dtype=float16"], ["dtype", "float16", "float64", "Fix:"], False),
     Case("malformed limit", ["memory.limit=lots"], ["memory.limit='lots'", "not a size", "2GiB"], False,
          subprocess=True),
-    Case("zero limit", ["memory.limit=0"], ["memory.limit='0'", "must be positive"], False),
-    Case("busy timeout 0", ["tracking.busy_timeout_s=0"], ["tracking.busy_timeout_s=0.0", "positive"], False),
+    Case("zero limit", ["memory.limit=0"], ["memory.limit='0'", "in [1, 2^63-1]", "memory.limit=null"], False),
+    Case("busy timeout 0", ["tracking.busy_timeout_s=0"], ["tracking.busy_timeout_s=0.0", "in (0, 604800]"], False),
     Case("csv without a path", ["data=csv"], ["data.path=None", "needs the path", "Fix:"], False),
     Case("unreachable tracking server", ["tracking.uri=http://127.0.0.1:9"],
          ["tracking.uri='http://127.0.0.1:9'", "does not answer", "tracking.enabled=false"], False, subprocess=True),
@@ -144,6 +181,69 @@ CASES = [
          ["tracking.uri=", "cannot create the store's folder", "writable"], False, setup=_file_named("afile")),
     Case("store is a folder", ["tracking.uri=sqlite:///{tmp}/store.db"],
          ["tracking.uri=", "is not a file", "writable"], False, setup=_folder_named("store.db")),
+    # --- numbers out of range (tamrun/config/ranges.py), before any run
+    Case("seed beyond 64 bits", ["seed=99999999999999999999999"],
+         ["seed=99999999999999999999999", "a seed must be an integer in [0, 2^63-1]", "Fix: set seed=0"], False,
+         subprocess=True),
+    Case("negative seed", ["seed=-1"], ["seed=-1", "in [0, 2^63-1]"], False),
+    Case("negative forest seed", ["model=forest", "+model.effects.forest.seed=-5"],
+         ["model.effects.forest.seed=-5", "in [0, 2^63-1]", "Fix: set model.effects.forest.seed=null"], False),
+    Case("limit beyond float", ["memory.limit=1e400"], ["memory.limit='inf'", "not a size"], False),
+    Case("negative limit", ["memory.limit=-5MiB"], ["memory.limit='-5MiB'", "in [1, 2^63-1]"], False),
+    Case("limit beyond 64 bits", ["memory.limit=1e30TiB"], ["memory.limit='1e30TiB'", "in [1, 2^63-1]",
+                                                            "memory.limit=null"], False),
+    Case("negative safety margin", ["memory.safety_margin=-1MiB"],
+         ["memory.safety_margin='-1MiB'", "in [0, 2^63-1]", "Fix: set memory.safety_margin=64MiB"], False),
+    Case("overhead factor below 1", ["memory.overhead_factor=0.5"],
+         ["memory.overhead_factor=0.5", "in [1, 1000]", "Fix: set memory.overhead_factor=1.1"], False),
+    Case("max_iter 0", ["solver.max_iter=0"], ["solver.max_iter=0", "in [1, 1000000000]",
+                                               "Fix: set solver.max_iter=2000"], False),
+    Case("infinite jitter", ["solver.jitter=inf"], ["solver.jitter=inf", "a finite number in [0, 1000000]"], False),
+    Case("jitter growth 1", ["solver.jitter_growth=1"], ["solver.jitter_growth=1.0", "in (1, 1000000]", "Fix: set "
+                                                         "solver.jitter_growth=10"], False),
+    Case("negative retries", ["memory.oom.max_retries=-1"], ["memory.oom.max_retries=-1", "in [0, 50]"], False),
+    Case("absurd retries", ["memory.oom.max_retries=1000"], ["memory.oom.max_retries=1000", "in [0, 50]",
+                                                             "Fix: set memory.oom.max_retries=3"], False),
+    Case("negative backoff", ["memory.oom.delay_ms=-1"], ["memory.oom.delay_ms=-1.0", "in [0, 3600000]",
+                                                          "Fix: set memory.oom.delay_ms=200"], False),
+    Case("threads 0", ["hw.threads=0"], ["hw.threads=0", "in [1, 65536]", "Fix: set hw.threads=null"], False),
+    Case("window 0", ["mode=adaptive", "adaptive.window=0"], ["adaptive.window=0", "in [1, 100000]"], False),
+    Case("busy timeout NaN", ["tracking.busy_timeout_s=nan"], ["tracking.busy_timeout_s=nan", "a finite number"],
+         False),
+    Case("lock timeout beyond a week", ["tracking.lock_timeout_s=1e9"],
+         ["tracking.lock_timeout_s=1000000000.0", "in (0, 604800]"], False),
+    Case("too many frequencies", ["model.effects.temp.m=1001"], ["model.effects.temp.m=1001", "in [1, 1000]",
+                                                                  "Fix: set model.effects.temp.m=6"], False),
+    Case("infinite Sobolev order", ["model.effects.temp.s=inf"], ["model.effects.temp.s=inf", "in [0, 10]"],
+         False),
+    Case("spline degree 0", ["+model.effects.sx.deg=0"], ["model.effects.sx.deg=0", "in [1, 5]"], False,
+         csv=True),
+    Case("spline difference order too high", ["model.effects.sx.k=5", "+model.effects.sx.p=9"],
+         ["model.effects.sx.p=9", "in [0, 7] (basis width k+deg)", "use p=2"], False, csv=True),
+    Case("linear scale 0", ["+model.effects.lin={kind: linear, column: x, scale: 0}"],
+         ["model.effects.lin.scale=0.0", "non-zero"], False, csv=True),
+    Case("unknown categorical topology", ["model.effects.dow.topo=ring"],
+         ["model.effects.dow.topo='ring'", "unknown topology", "nominal, fourier, cyclic, difference"], False,
+         csv=True),
+    Case("unknown forest split", ["model=forest", "+model.effects.forest.split=median"],
+         ["model.effects.forest.split='median'", "use split=uniform or split=quantile"], False),
+    Case("model without effects", ["model=custom"], ["model.effects={}", "the model has no effects"], False),
+    Case("empty experiment name", ["tracking.experiment="], ["tracking.experiment=''", "empty",
+                                                             "Fix: set tracking.experiment=tamrun"], False),
+    # --- stores, paths and drivers, before any run
+    Case("store path too long", [f"tracking.uri=sqlite:///{{tmp}}/{LONG}/mlflow.db"],
+         ["tracking.uri='sqlite:///", "(5", " characters): cannot create the store's folder ([Errno 36] File name "
+          "too long)"], False),
+    Case("artifact root under a file", ["tracking.artifact_root={tmp}/afile/artifacts"],
+         ["tracking.artifact_root=", "afile/artifacts'", "cannot be created ([Errno 20] Not a directory)",
+          "writable folder"], False, setup=_file_named("afile")),
+    Case("artifact root too long", [f"tracking.artifact_root={{tmp}}/{LONG}"],
+         ["tracking.artifact_root=", "File name too long"], False),
+    Case("postgresql driver missing", ["tracking.uri=postgresql://user@127.0.0.1/db"],
+         ["tracking.uri='postgresql://user@127.0.0.1/db'", "the database driver 'psycopg' is not installed",
+          "pip install 'psycopg[binary]' (or psycopg2-binary", "tracking.uri=sqlite:///"], False, subprocess=True),
+    Case("mysql driver missing", ["tracking.uri=mysql://user@127.0.0.1/db"],
+         ["the database driver 'MySQLdb' is not installed", "pip install mysqlclient"], False),
     # --- data and split: the run has started and must end FAILED
     Case("missing data file", ["data=csv", "data.path={tmp}/nope.csv", "model=spline"],
          ["data.path=", "nope.csv", "no such file", "Fix:"], True),
@@ -171,6 +271,38 @@ CASES = [
          frame=_small_group),
     Case("group empty in training", [], ["data.group='g'", "group 3 appears in the test split but not in training"],
          True, csv=True, frame=_test_only_group),
+    Case("data path too long", ["data=csv", f"data.path={{tmp}}/{LONG}.csv", "model=spline"],
+         ["data.path=", "the path cannot be used ([Errno 36] File name too long)"], True),
+    Case("truncated gz", ["data.path={tmp}/data.csv.gz"],
+         ["data.path=", "cannot be read as CSV (Compressed file ended before the end-of-stream marker"], True,
+         csv=True, setup=_gzipped(keep=0.5)),
+    Case("corrupt gz", ["data.path={tmp}/data.csv.gz"], ["data.path=", "cannot be read as CSV (Error -3 while "
+                                                           "decompressing data"], True, csv=True,
+         setup=_gzipped(junk=True)),
+    Case("column named twice", [], ["data.path=", "the header names column(s) ['x'] more than once",
+                                    "distinct name"], True, csv=True, frame=_header_twice),
+    Case("date column missing", ["data.date_column=when"], ["data.date_column='when'", "no such column"], True,
+         csv=True),
+    Case("target column missing", ["data.target=load"], ["data.target='load'", "no such column"], True, csv=True),
+    Case("group column missing", ["data.group=grp"], ["data.group='grp'", "no such column"], True, csv=True),
+    Case("non-numeric target", [], ["data.target='y'", "not numeric (e.g. 'a')"], True, csv=True,
+         frame=_text_target),
+    Case("dates unparseable", [], ["data.date_column='date'", "its values are not dates", "ISO"], True, csv=True,
+         frame=_undated),
+    Case("feature all NaN", [], ["model.effects.sx.column='x'", "9600 row(s) hold NaN or inf"], True, csv=True,
+         frame=_empty_feature),
+    Case("feature all NaN, rows dropped", ["data.nan_policy=drop"],
+         ["data.nan_policy='drop'", "no finite value at all in ['x']", "leaves no data"], True, csv=True,
+         frame=_empty_feature),
+    Case("train_end before train_start", ["split.train_start=2020-06-01", "split.train_end=2020-03-01"],
+         ["split.train_end='2020-03-01'", "the train period ends before it starts (train_start=2020-06-01)"], True,
+         csv=True),
+    Case("test_end before test_start", ["split.test_end=2020-12-01"],
+         ["split.test_end='2020-12-01'", "the test period ends before it starts"], True, csv=True),
+    Case("validation overlapping test", ["split.validation_start=2020-11-01", "split.validation_end=2021-01-15"],
+         ["split.validation_end='2021-01-15'", "must lie inside training (train_end=2020-12-31)"], True, csv=True),
+    Case("validation after training", ["split.validation_start=2021-03-01"],
+         ["split.validation_end=None", "must lie inside training"], True, csv=True),
     Case("split with no rows", ["split.test_start=2030-01-01", "split.test_end=2030-12-31"],
          ["split.test_start='2030-01-01'", "no rows", "the data covers"], True, csv=True),
     Case("split bound not a date", ["split.train_end=soon"], ["split.train_end='soon'", "not a date",
@@ -282,12 +414,87 @@ def test_bad_input_through_a_real_subprocess(case, tmp_path, migrated_store):
     _check_store(case, tmp_path)
 
 
+def test_a_store_locked_past_the_busy_timeout_is_refused(tmp_path, monkeypatch, capsys, migrated_store):
+    """Another connection holds the store with BEGIN EXCLUSIVE for the whole run: after
+    tracking.busy_timeout_s the run stops with a message naming that field, no run is left in the
+    store and the store is intact."""
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(migrated_store, db)
+    monkeypatch.chdir(tmp_path)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main(["tracking.busy_timeout_s=1", f"tracking.uri=sqlite:///{db}"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    out = capsys.readouterr()
+    output = out.out + out.err
+    assert ended.value.code == 2, output
+    assert (f"tamrun: config error: tracking.busy_timeout_s=1.0: another process held the store sqlite:///{db} "
+            "locked for longer") in output and "Fix: raise tracking.busy_timeout_s" in output, output
+    assert "Traceback" not in output
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
 def test_hydra_verbose_shows_the_traceback(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as ended:
-        main(["hydra.verbose=true", "memory.limit=lots", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+    level = logging.getLogger().level
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main(["hydra.verbose=true", "memory.limit=lots", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+    finally:  # Hydra leaves the root logger at DEBUG: later runs would log to this test's closed stream
+        logging.getLogger().setLevel(level)
     err = capsys.readouterr().err
     assert ended.value.code == 2 and "Traceback" in err and "memory.limit='lots'" in err
+
+
+# --- every numeric setting, found by introspection of the schema: a new field cannot escape
+
+# The sides of a crossing whose own fields are probed.
+CROSSING_SIDES = "left: {kind: fourier, column: x}, right: {kind: linear, column: dow}, "
+def numeric_settings() -> List[tuple]:
+    """(test id, dotted field, the override that sets it to <v>, int or float) for every numeric field
+    of `Config` and of every effect spec (as an effect ``probe`` added to the default model)."""
+    found = [(name, name, f"{name}=<v>", kind) for name, kind in numeric_fields(Config)]
+    for kind_name, cls in EFFECT_SPECS.items():
+        body = CROSSING_SIDES if kind_name == "crossing" else "column: x, "
+        for name, kind in numeric_fields(cls):
+            override = f"+model.effects.probe={{kind: {kind_name}, {body}{name}: <v>}}"
+            found.append((f"{kind_name}.{name}", f"model.effects.probe.{name}", override, kind))
+    return found
+
+
+NUMERIC_SETTINGS = numeric_settings()
+ABSURD = {float: ["nan", "inf"], int: ["-1", str(2**64)]}
+
+
+def test_every_numeric_setting_has_a_declared_range():
+    declared = set(SETTINGS) | {f"{kind}.{name}" for kind, fields in EFFECTS.items() for name in fields}
+    fields = {name for name, _ in numeric_fields(Config)}
+    fields |= {f"{kind}.{name}" for kind, cls in EFFECT_SPECS.items() for name, _ in numeric_fields(cls)}
+    assert {"seed", "memory.oom.max_retries", "solver.tol", "fourier.m", "forest.seed"} <= fields
+    assert fields == declared, f"without a range: {sorted(fields - declared)}; stale: {sorted(declared - fields)}"
+
+
+@pytest.mark.parametrize("field, override, kind", [s[1:] for s in NUMERIC_SETTINGS],
+                         ids=[s[0] for s in NUMERIC_SETTINGS])
+def test_every_numeric_setting_is_range_checked(field, override, kind, tmp_path, monkeypatch, capsys):
+    """NaN and inf (floats), -1 and 2^64 (ints) are refused, naming the field, before any run."""
+    monkeypatch.chdir(tmp_path)
+    for value in ABSURD[kind]:
+        with pytest.raises(SystemExit) as ended:
+            main([override.replace("<v>", value), f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+        out = capsys.readouterr()
+        output = out.out + out.err
+        assert ended.value.code == 2, output
+        assert f"tamrun: config error: {field}=" in output and "must be" in output and "Fix: " in output, output
+        assert "Traceback" not in output
+        assert not (tmp_path / "mlflow.db").exists()  # refused before the MLflow run
 
 
 def test_float64_on_a_device_without_it_is_refused():

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tamrun.config.ranges import EFFECTS, check_numbers
 from tamrun.errors import ConfigError
 
 CATEGORICAL_TOPOLOGIES = ("nominal", "fourier", "cyclic", "difference")
@@ -131,34 +132,33 @@ def _require(ok: bool, field: str, value: Any, problem: str, fix: str) -> None:
 
 
 def _check_ranges(spec: Any, path: str) -> None:
-    _require(math.isfinite(spec.ap) and -60 <= spec.ap <= 20, f"{path}.ap", spec.ap,
-             "the log10 penalty is not a finite number in [-60, 20]", "give ap as log10(lambda), e.g. -3")
-    if isinstance(spec, FourierSpec):
-        _require(1 <= spec.m <= 1000, f"{path}.m", spec.m, "the number of frequencies must be in [1, 1000]",
-                 "set m to a positive integer such as 6")
-        _require(spec.s >= 0, f"{path}.s", spec.s, "the Sobolev order must be >= 0", "set s to e.g. 2")
-    elif isinstance(spec, LinearSpec):
-        _require(math.isfinite(spec.scale) and spec.scale != 0, f"{path}.scale", spec.scale,
-                 "the feature scale must be a finite non-zero number", "leave scale at pi (the peer's convention)")
+    """Every number against its declared range (`tamrun.config.ranges.EFFECTS`), then what depends on
+    several fields or is not a number."""
+    defaults = type(spec)()
+    check_numbers(spec, path, EFFECTS[spec.kind], lambda name: getattr(defaults, name))
+    if isinstance(spec, LinearSpec):
+        _require(spec.scale != 0, f"{path}.scale", spec.scale, "the feature scale must be non-zero",
+                 "leave scale at pi (the peer's convention)")
     elif isinstance(spec, SplineSpec):
-        _require(1 <= spec.deg <= 5, f"{path}.deg", spec.deg, "the spline degree must be in [1, 5]",
-                 "use deg=3 (cubic)")
-        _require(1 <= spec.k <= 10_000, f"{path}.k", spec.k, "the number of knot intervals must be in [1, 10000]",
-                 "set k to e.g. 20")
-        _require(0 <= spec.p < spec.k + spec.deg, f"{path}.p", spec.p,
-                 f"the difference order must be in [0, {spec.k + spec.deg - 1}] (basis width k+deg)",
-                 "use p=2")
+        _require(spec.p < spec.k + spec.deg, f"{path}.p", spec.p,
+                 f"the difference order must be in [0, {spec.k + spec.deg - 1}] (basis width k+deg)", "use p=2")
     elif isinstance(spec, ForestSpec):
-        _require(1 <= spec.n_trees <= 100_000, f"{path}.n_trees", spec.n_trees,
-                 "the number of trees must be in [1, 100000]", "set n_trees to e.g. 50")
-        _require(1 <= spec.max_depth <= 20, f"{path}.max_depth", spec.max_depth,
-                 "the depth must be in [1, 20]", "set max_depth to e.g. 6")
         _require(spec.split in ("uniform", "quantile"), f"{path}.split", spec.split, "unknown split strategy",
                  "use split=uniform or split=quantile")
     elif isinstance(spec, CategoricalSpec):
         _require(spec.topo in CATEGORICAL_TOPOLOGIES, f"{path}.topo", spec.topo, "unknown topology",
                  f"use one of {', '.join(CATEGORICAL_TOPOLOGIES)}")
-        _require(spec.s >= 0, f"{path}.s", spec.s, "the Sobolev order must be >= 0", "set s to e.g. 2")
+
+
+def _check_crossing(spec: CrossingSpec, path: str) -> None:
+    """Refuse crossings of crossings and of two forests."""
+    for side in ("left", "right"):
+        if isinstance(getattr(spec, side), CrossingSpec):
+            raise ConfigError(f"{path}.{side}.kind", "crossing", "a crossing of crossings is not supported",
+                              "cross two plain effects (e.g. forest x fourier)")
+    if isinstance(spec.left, ForestSpec) and isinstance(spec.right, ForestSpec):
+        raise ConfigError(f"{path}.right.kind", "forest", "a crossing of two forests is not supported",
+                          "make one side a dense effect (fourier, spline, linear, categorical)")
 
 
 def parse_effect(name: str, node: Any, path_prefix: str = "model.effects") -> Any:
@@ -189,13 +189,7 @@ def parse_effect(name: str, node: Any, path_prefix: str = "model.effects") -> An
     if isinstance(spec, CrossingSpec):
         spec.left = parse_effect("left", spec.left, path)
         spec.right = parse_effect("right", spec.right, path)
-        for side in ("left", "right"):
-            if isinstance(getattr(spec, side), CrossingSpec):
-                raise ConfigError(f"{path}.{side}.kind", "crossing", "a crossing of crossings is not supported",
-                                  "cross two plain effects (e.g. forest x fourier)")
-        if isinstance(spec.left, ForestSpec) and isinstance(spec.right, ForestSpec):
-            raise ConfigError(f"{path}.right.kind", "forest", "a crossing of two forests is not supported",
-                              "make one side a dense effect (fourier, spline, linear, categorical)")
+        _check_crossing(spec, path)
     _check_ranges(spec, path)
     return spec
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import zlib
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, List, Mapping, Optional, Tuple
@@ -10,7 +11,7 @@ from typing import Callable, Iterable, List, Mapping, Optional, Tuple
 import pandas as pd
 
 from tamrun.config.schema import DataConfig, DataSource, NanPolicy
-from tamrun.errors import DataError
+from tamrun.errors import DataError, os_reason
 
 log = logging.getLogger(__name__)
 
@@ -25,22 +26,45 @@ def embedded_path() -> Path:
 def table_path(cfg: DataConfig) -> Path:
     """The CSV the config names (data.path, or the embedded dataset); `DataError` if it is not a file."""
     path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
-    if path.is_dir():
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise DataError("data.path", str(path), f"the path cannot be used ({os_reason(exc)})",
+                        "point data.path at an existing CSV file") from None
+    if is_dir:
         raise DataError("data.path", str(path), "a folder, not a file", "point data.path at a CSV file inside it")
-    if not path.is_file():
+    if not is_file:
         raise DataError("data.path", str(path), "no such file", "point data.path at an existing CSV file")
     return path
 
 
-def read_csv(path: Path, **options) -> pd.DataFrame:
-    """``pandas.read_csv`` with its failures as `DataError` naming data.path."""
+# What reading a CSV (optionally .gz) raises for a file that is not one: EOFError and zlib.error are a
+# truncated or corrupt .gz.
+READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError)
+
+
+def unreadable(path: Path, exc: BaseException) -> DataError:
+    """The `DataError` for a file that cannot be read as CSV."""
+    reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
+    return DataError("data.path", str(path), f"the file cannot be read as CSV ({reason})",
+                     "give a readable CSV file (optionally .gz)")
+
+
+def read_header(path: Path) -> List[str]:
+    """The file's column names, none named twice (pandas would rename the copies, and a setting could
+    read the wrong one). `DataError` naming data.path otherwise."""
     try:
-        return pd.read_csv(path, **options)
+        header = [str(name) for name in pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].tolist()]
     except pd.errors.EmptyDataError:
         raise DataError("data.path", str(path), "the file is empty", "give a CSV with a header and rows") from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-        raise DataError("data.path", str(path), f"the file cannot be read as CSV ({exc})",
-                        "give a readable CSV file (optionally .gz)") from None
+    except READ_ERRORS as exc:
+        raise unreadable(path, exc) from None
+    repeated = sorted({name for name in header if header.count(name) > 1}, key=str)
+    if repeated:
+        raise DataError("data.path", str(path), f"the header names column(s) {repeated} more than once (pandas "
+                        "would rename the copies and a setting could read the wrong one)",
+                        "give every column a distinct name")
+    return header
 
 
 def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
@@ -57,7 +81,7 @@ def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
         column is absent/unparseable.
     """
     path = table_path(cfg)
-    header = list(read_csv(path, nrows=0).columns)
+    header = read_header(path)
     require_columns(pd.DataFrame(columns=header), {"data.date_column": cfg.date_column, **(required or {})})
     wanted = None if required is None else {cfg.date_column, *required.values(), *optional}
     frame = read_rows(path, None if wanted is None else [c for c in header if c in wanted], cfg, room)
@@ -80,9 +104,8 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
             block, blank = parse_dates(block, cfg.date_column, cfg.nan_policy)
             parts.append(block)
             dropped += blank
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-        raise DataError("data.path", str(path), f"the file cannot be read as CSV ({exc})",
-                        "give a readable CSV file (optionally .gz)") from None
+    except READ_ERRORS as exc:
+        raise unreadable(path, exc) from None
     if dropped:
         log.warning("dropping %d row(s) without a date in column %r (data.nan_policy=drop)", dropped, cfg.date_column)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=usecols)

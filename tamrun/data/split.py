@@ -32,11 +32,17 @@ def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tu
     """Return (train, test): train_start <= day <= train_end, test_start <= day <= test_end.
 
     Raises:
-        ConfigError: a bound is not a date, or the test period starts before the training one ends.
+        ConfigError: a bound is not a date, a period ends before it starts, or the test period starts
+            before the training one ends.
         DataError: a split has no rows.
     """
     train_start, train_end = _day(cfg.train_start, "split.train_start"), _day(cfg.train_end, "split.train_end")
     test_start, test_end = _day(cfg.test_start, "split.test_start"), _day(cfg.test_end, "split.test_end")
+    for name, start, end in (("train", train_start, train_end), ("test", test_start, test_end)):
+        if start is not None and end is not None and end < start:
+            raise ConfigError(f"split.{name}_end", getattr(cfg, f"{name}_end"), f"the {name} period ends before it "
+                              f"starts ({name}_start={getattr(cfg, f'{name}_start')})",
+                              f"set split.{name}_end on or after split.{name}_start")
     if test_start <= train_end:
         raise ConfigError("split.test_start", cfg.test_start, f"the test period overlaps training (train_end={cfg.train_end})",
                           "start the test period after split.train_end")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Optional, Union
 
@@ -11,23 +12,27 @@ _UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: Union[str, int, float, None]) -> Optional[int]:
     """Parse a size into bytes; ``None`` stays ``None``.
 
     Raises:
-        ValueError: the text is not a number with an optional unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
+        ValueError: the text is not a finite number with an optional unit (B, KB, MB, GB, TB, KiB, MiB,
+            GiB, TiB).
     """
     if text is None:
         return None
-    if isinstance(text, (int, float)):
-        return int(text)
+    if isinstance(text, int):
+        return text
     match = _SIZE.match(str(text))
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"not a size: {text!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite size: {text!r}")
+    return int(number)
 
 
 def format_size(n_bytes: float) -> str:

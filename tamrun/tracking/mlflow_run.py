@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional
 
 from tamrun.config.schema import TrackingConfig
-from tamrun.errors import ConfigError
 from tamrun.tracking.params import to_params
 from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.signals import signals_as_interrupts, signals_ignored
 from tamrun.tracking.stale import close_stale_runs, process_tags
-from tamrun.tracking.store import check_store, experiment_id, open_client, sqlite_path
+from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client, sqlite_path,
+                                  store_error)
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +91,12 @@ class TrackedRun:
         try:
             self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
             self.experiment_id = self._experiment_id()
+            check_artifact_location(self.client.get_experiment(self.experiment_id).artifact_location,
+                                    "tracking.artifact_root")
             run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags={**self.tags, **process_tags()})
         except (MlflowException, SQLAlchemyError, OSError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
-            raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({reason})",
-                              "point tracking.uri at a reachable, writable store, or set tracking.enabled=false") from None
+            raise store_error(self.uri, reason, self.cfg.busy_timeout_s) from None
         self.run_id = run.info.run_id
         try:
             close_stale_runs(self.client, self.experiment_id, self.run_id)
@@ -105,6 +106,7 @@ class TrackedRun:
     def _experiment_id(self) -> str:
         db = sqlite_path(self.uri)
         root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
+        check_artifact_location(root, "tracking.artifact_root")
         location = Path(root).resolve().as_uri() if root and "://" not in root else root
         return experiment_id(self.client, self.uri, self.cfg.experiment, location, self.cfg.lock_timeout_s,
                              EXPERIMENT_TAGS)

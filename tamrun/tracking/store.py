@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from tamrun.errors import ConfigError
+from tamrun.errors import ConfigError, os_reason
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ def with_busy_timeout(uri: str, busy_timeout_s: float) -> str:
 
 
 _FIX = "point tracking.uri at a reachable, writable store, or set tracking.enabled=false"
+LOCAL_STORE = "tracking.uri=sqlite:///outputs/mlflow.db"
+# pip's name of the DB-API modules SQLAlchemy imports for MLflow's database stores (others: the module's).
+DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]' (or psycopg2-binary, with a postgresql+psycopg2:// URI)",
+                   "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient"}
 
 
 def check_store(uri: str, connect_timeout_s: float) -> None:
@@ -59,11 +63,12 @@ def check_store(uri: str, connect_timeout_s: float) -> None:
     if db is not None:
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
+            if db.exists() and not db.is_file():
+                raise ConfigError("tracking.uri", uri, f"{db} exists and is not a file", _FIX)
         except OSError as exc:
-            raise ConfigError("tracking.uri", uri, f"cannot create the store's folder ({exc})", _FIX) from None
-        if db.exists() and not db.is_file():
-            raise ConfigError("tracking.uri", uri, f"{db} exists and is not a file", _FIX)
+            raise ConfigError("tracking.uri", uri, f"cannot create the store's folder ({os_reason(exc)})", _FIX) from None
         return
+    check_driver(uri)
     parts = urlsplit(uri)
     if parts.scheme in ("http", "https"):
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -73,6 +78,50 @@ def check_store(uri: str, connect_timeout_s: float) -> None:
             raise ConfigError("tracking.uri", uri, f"the tracking server does not answer ({exc})",
                               "start the server, use a local store (tracking.uri=sqlite:///outputs/mlflow.db), "
                               "or set tracking.enabled=false") from None
+
+
+def check_driver(uri: str) -> None:
+    """Refuse a database store (postgresql://, mysql://, mssql://) whose DB-API driver is not installed
+    (SQLAlchemy would fail with a traceback when MLflow first connects)."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if urlsplit(uri).scheme.split("+")[0] not in DATABASE_ENGINES:
+        return
+    try:
+        make_url(uri).get_dialect().import_dbapi()
+    except ImportError as exc:
+        package = DRIVER_PACKAGES.get(exc.name or "", exc.name)
+        raise ConfigError("tracking.uri", uri, f"the database driver {exc.name!r} is not installed",
+                          f"pip install {package}, or use a local store ({LOCAL_STORE})") from None
+    except ArgumentError as exc:
+        raise ConfigError("tracking.uri", uri, f"not a database URL ({exc})",
+                          f"write dialect://user@host/database, or use a local store ({LOCAL_STORE})") from None
+
+
+def check_artifact_location(location: Optional[str], field: str) -> None:
+    """Create the local folder of an artifact location (a path or a file: URI), or refuse it naming
+    ``field``; remote locations are left to MLflow."""
+    if not location or ("://" in location and not location.startswith("file:")):
+        return
+    folder = Path(urlsplit(location).path if location.startswith("file:") else location)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(field, location, f"the artifact folder cannot be created ({os_reason(exc)})",
+                          "point tracking.artifact_root at a writable folder (an existing experiment keeps the "
+                          "folder it was created with: set tracking.experiment to a new name)") from None
+
+
+def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
+    """The error for a store MLflow could not open: a sqlite file still locked by another process
+    after the busy wait names tracking.busy_timeout_s; anything else names tracking.uri."""
+    if "database is locked" in reason:
+        return ConfigError("tracking.busy_timeout_s", busy_timeout_s,
+                           f"another process held the store {uri} locked for longer ({reason})",
+                           "raise tracking.busy_timeout_s, or stop the process that holds the store")
+    return ConfigError("tracking.uri", uri, f"the MLflow store cannot be used ({reason})", _FIX)
 
 
 @contextlib.contextmanager
