@@ -3,6 +3,8 @@
 The store defaults to ``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run ends
 FINISHED on success, FAILED on any exception (with the error as tags) and KILLED on an interrupt
 (SIGINT, or SIGTERM/SIGHUP, raised as `tamrun.tracking.signals.Terminated` while the run is open).
+A signal never lands inside a store call (`tamrun.tracking.signals.signals_deferred`): one during the
+run's creation ends the created run KILLED, one while its end is written makes that end KILLED.
 Every run logs its log as the artifact ``logs/run.log`` (with the traceback when it failed).
 """
 
@@ -19,7 +21,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional
 from tamrun.config.schema import TrackingConfig
 from tamrun.tracking.params import to_params
 from tamrun.tracking.runlog import RunLog
-from tamrun.tracking.signals import signals_as_interrupts, signals_ignored
+from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_runs, process_tags
 from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client, sqlite_path,
                                   store_error)
@@ -60,13 +62,16 @@ class TrackedRun:
     def __enter__(self) -> "TrackedRun":
         if not self.enabled:
             return self
-        check_store(self.uri, self.cfg.connect_timeout_s)
         self._signals = signals_as_interrupts()
         self._signals.__enter__()
         try:
+            check_store(self.uri, self.cfg.connect_timeout_s)
             self._open()
-        except BaseException:
-            self._restore_signals()
+        except BaseException as exc:
+            if self.run_id is None:
+                self._restore_signals()
+            else:  # created, then interrupted (a signal deferred during the creation): the run ends KILLED
+                self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self.runlog.start()
         log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, self.uri)
@@ -89,6 +94,7 @@ class TrackedRun:
         from sqlalchemy.exc import SQLAlchemyError
 
         try:
+<<<<<<< HEAD
             self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
             self.experiment_id = self._experiment_id()
             check_artifact_location(self.client.get_experiment(self.experiment_id).artifact_location,
@@ -97,6 +103,22 @@ class TrackedRun:
         except (MlflowException, SQLAlchemyError, OSError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
             raise store_error(self.uri, reason, self.cfg.busy_timeout_s) from None
+=======
+            with signals_deferred():  # the run is created whole, its id known, before a signal is raised
+                self._create()
+        except (MlflowException, SQLAlchemyError, OSError) as exc:
+            reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
+            raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({reason})",
+                              "point tracking.uri at a reachable, writable store, or set tracking.enabled=false") from None
+
+    def _create(self) -> None:
+        from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
+
+        self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
+        self.experiment_id = self._experiment_id()
+        run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags={**self.tags, **process_tags()})
+>>>>>>> 4eabc7e
         self.run_id = run.info.run_id
         try:
             close_stale_runs(self.client, self.experiment_id, self.run_id)
@@ -114,12 +136,14 @@ class TrackedRun:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self.enabled or self.run_id is None:
             return False
-        self._restore_signals()
-        with signals_ignored():  # a second Ctrl-C must not leave the run RUNNING
-            self._terminate(exc_type, exc, tb)
+        try:  # a signal while the end is written is deferred: the run still ends, KILLED (a second Ctrl-C too)
+            with signals_deferred(reraise=not isinstance(exc, KeyboardInterrupt)) as deferral:
+                self._terminate(exc_type, exc, tb, deferral)
+        finally:
+            self._restore_signals()
         return False
 
-    def _terminate(self, exc_type, exc, tb) -> None:
+    def _terminate(self, exc_type, exc, tb, deferral: Deferral) -> None:
         if exc_type is None:
             status = "FINISHED"
         elif issubclass(exc_type, KeyboardInterrupt):
@@ -137,7 +161,11 @@ class TrackedRun:
             self.client.log_text(self.run_id, text, "logs/run.log")
         except Exception as error:  # the store or artifact folder failed too: the status still matters
             log.error("could not record the error or the log of run %s: %s", self.run_id, error)
-        self.client.set_terminated(self.run_id, status=status)
+        if deferral.received is None:
+            self.client.set_terminated(self.run_id, status=status)
+        if deferral.received is not None and status != "KILLED":  # a signal came while the end was written
+            self.client.set_tag(self.run_id, "error_type", type(interrupt(deferral.received)).__name__)
+            self.client.set_terminated(self.run_id, status="KILLED")
 
     # ---- logging ---------------------------------------------------------------------------------
     def log_params(self, tree: Any) -> None:

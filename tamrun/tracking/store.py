@@ -11,7 +11,10 @@ fresh file, and experiments are created by name; two processes doing either at o
 - a new store is created and migrated in a temporary file beside it, then renamed into place: an
   interrupt at any instant leaves either no store or a complete one (never a half-migrated file);
 - a store left half-migrated by an older version (no ``alembic_version``, or MLflow's temporary
-  ``_alembic_tmp_*`` tables) that holds no run is moved aside and created anew, with a warning.
+  ``_alembic_tmp_*`` tables) that holds no run is moved aside and created anew, with a warning;
+- a signal (SIGINT, SIGTERM, SIGHUP) that arrives while the store is opened or created, an experiment
+  created, or any call made on the client `open_client` returns (a `SignalSafe`) is raised once that
+  I/O is complete (`tamrun.tracking.signals`); waiting for the lock stays interruptible.
 
 Other stores (http, postgresql, ...) are opened as they are.
 """
@@ -29,6 +32,7 @@ from typing import Iterator, Optional
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tamrun.errors import ConfigError, os_reason
+from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +139,8 @@ def store_lock(uri: str, timeout_s: float) -> Iterator[None]:
 
     lock = FileLock(str(db) + ".lock")
     try:
-        lock.acquire(timeout=timeout_s)
+        with interruptible():  # waiting creates nothing: a signal ends the wait at once
+            lock.acquire(timeout=timeout_s)
     except Timeout:
         raise ConfigError("tracking.lock_timeout_s", timeout_s,
                           f"another process held the store's lock {db}.lock for longer",
@@ -208,19 +213,20 @@ def repair_store(uri: str, db: Path, busy_timeout_s: float) -> None:
                 db, reason, aside)
 
 
-def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float):
-    """An `MlflowClient` on ``uri`` whose store exists and is migrated (created under the lock)."""
+def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float) -> SignalSafe:
+    """An `MlflowClient` on ``uri`` whose store exists and is migrated (created under the lock), each of
+    its calls shielded from signals (`SignalSafe`)."""
     from mlflow.tracking import MlflowClient
 
     db = sqlite_path(uri)
-    with store_lock(uri, lock_timeout_s):
+    with signals_deferred(), store_lock(uri, lock_timeout_s):
         if db is not None and db.exists():
             repair_store(uri, db, busy_timeout_s)
         if db is not None and not db.exists():
             create_store(db, busy_timeout_s)
         client = MlflowClient(tracking_uri=with_busy_timeout(uri, busy_timeout_s))
         client.search_experiments(max_results=1)  # the store is open: tables and migrations done, once
-    return client
+    return SignalSafe(client)
 
 
 def experiment_id(client, uri: str, name: str, artifact_location: Optional[str], lock_timeout_s: float,
@@ -231,7 +237,7 @@ def experiment_id(client, uri: str, name: str, artifact_location: Optional[str],
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    with store_lock(uri, lock_timeout_s):
+    with signals_deferred(), store_lock(uri, lock_timeout_s):
         found = client.get_experiment_by_name(name)  # created meanwhile by another process?
         if found is not None:
             return found.experiment_id
