@@ -94,22 +94,11 @@ class TrackedRun:
         from sqlalchemy.exc import SQLAlchemyError
 
         try:
-<<<<<<< HEAD
-            self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
-            self.experiment_id = self._experiment_id()
-            check_artifact_location(self.client.get_experiment(self.experiment_id).artifact_location,
-                                    "tracking.artifact_root")
-            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags={**self.tags, **process_tags()})
-        except (MlflowException, SQLAlchemyError, OSError) as exc:
-            reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
-            raise store_error(self.uri, reason, self.cfg.busy_timeout_s) from None
-=======
             with signals_deferred():  # the run is created whole, its id known, before a signal is raised
                 self._create()
         except (MlflowException, SQLAlchemyError, OSError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
-            raise ConfigError("tracking.uri", self.uri, f"the MLflow store cannot be used ({reason})",
-                              "point tracking.uri at a reachable, writable store, or set tracking.enabled=false") from None
+            raise store_error(self.uri, reason, self.cfg.busy_timeout_s) from None
 
     def _create(self) -> None:
         from mlflow.exceptions import MlflowException
@@ -117,8 +106,9 @@ class TrackedRun:
 
         self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
         self.experiment_id = self._experiment_id()
+        check_artifact_location(self.client.get_experiment(self.experiment_id).artifact_location,
+                                "tracking.artifact_root")
         run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags={**self.tags, **process_tags()})
->>>>>>> 4eabc7e
         self.run_id = run.info.run_id
         try:
             close_stale_runs(self.client, self.experiment_id, self.run_id)
