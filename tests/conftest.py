@@ -3,6 +3,7 @@ and a small synthetic CSV dataset."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Callable, List
 
@@ -63,3 +64,12 @@ def csv_overrides(path: Path) -> List[str]:
         "+model.effects.dow={kind: categorical, column: dow, topo: nominal, ap: -6}",
         "split.train_end=2020-12-31", "split.test_start=2021-01-01", "split.test_end=null",
     ]
+
+
+def terminal_signals() -> None:
+    """``preexec_fn`` of a child that must take Ctrl-C and SIGTERM as a terminal's user would: SIGINT,
+    SIGTERM and SIGHUP back at their default disposition. A shell's background job, nohup or a CI
+    runner may start the test process with SIGINT ignored, and an ignored disposition is inherited
+    across exec (tamrun, rightly, leaves an ignored signal ignored)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)

@@ -28,7 +28,7 @@ import tamrun.pipeline
 import tamrun.solve.dispatcher
 from tamrun.runner import run
 
-from conftest import csv_overrides
+from conftest import csv_overrides, terminal_signals
 
 # A CG fit with a tolerance far below float64's reach: it iterates until the residual underflows to 0
 # (about 370 iterations, seconds on a busy core; a fast machine may be done sooner, and the test's lock
@@ -98,7 +98,7 @@ def _start_endless_run(tmp_path: Path, csv_path: Path, store: str) -> tuple:
     out = tmp_path / "stdout.txt"
     proc = subprocess.Popen([sys.executable, "-m", "tamrun", f"tracking.uri={store}", *csv_overrides(csv_path),
                              *ENDLESS_FIT], cwd=tmp_path, stdout=out.open("w"), stderr=subprocess.STDOUT,
-                            env=child_env())
+                            env=child_env(), preexec_fn=terminal_signals)
     wait_for(lambda: "fitting" in out.read_text(), proc, out, "'fitting' line")
     return proc, out
 
@@ -157,7 +157,8 @@ def run_held_in_statement(tmp_path: Path, csv_path: Path, store: str, statement:
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     proc = subprocess.Popen([sys.executable, "-m", "tamrun", f"tracking.uri={store}", *csv_overrides(csv_path),
                              *QUICK], cwd=tmp_path, stdout=out.open("w"), stderr=err.open("w"),
-                            env=child_env(site, GATE_DIR=str(gate), GATE_STATEMENT=statement))
+                            env=child_env(site, GATE_DIR=str(gate), GATE_STATEMENT=statement),
+                            preexec_fn=terminal_signals)
     wait_for((gate / "waiting").exists, proc, err, f"statement {statement!r}")
     proc.send_signal(signum)
     (gate / "go").touch()

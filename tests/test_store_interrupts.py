@@ -18,6 +18,8 @@ from mlflow.tracking import MlflowClient
 from tamrun.errors import ConfigError
 from tamrun.tracking.store import broken_store, open_client
 
+from conftest import terminal_signals
+
 INSTANTS = 20
 CREATE = """
 import sys
@@ -60,7 +62,7 @@ def test_an_interrupt_at_any_instant_of_the_creation_leaves_a_store_the_next_run
         uri = f"sqlite:///{db}"
         signum = signal.SIGINT if i % 2 == 0 else signal.SIGKILL
         proc = subprocess.Popen([sys.executable, "-c", CREATE, uri], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True)
+                                text=True, preexec_fn=terminal_signals)
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(span * i / INSTANTS)  # instants spread over the creation
         proc.send_signal(signum)
