@@ -61,7 +61,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     if config.mode.name == ModeName.plan:
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         with unplanned_oom_refused(config.memory.safety_margin_bytes):
-            return plan_job(prepare(config, specs, devices, warm_meter=False))
+            return plan_job(prepare(config, specs, devices, fitting=False))
     with TrackedRun(config.tracking, run_name=f"{config.model.name}-{config.data.name}",
                     tags=run_tags(config, tags)) as tracked:
         try:

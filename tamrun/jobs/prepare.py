@@ -68,13 +68,14 @@ def import_recording_libraries(config: Config) -> None:
         importlib.import_module("tamrun.tracking.pyfunc_model")
 
 
-def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, warm_meter: bool = True) -> Prepared:
-    """The data and features phases and the plan. ``warm_meter``: warm the tensor meter up first (when
-    a metered phase follows), so that its one-time cost is not charged to the first metered phase.
-    Recording's libraries are imported first too (`import_recording_libraries`)."""
-    if warm_meter:
+def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitting: bool = True) -> Prepared:
+    """The data and features phases and the plan. ``fitting``: a fit and its recording follow (False for
+    ``mode=plan``): the tensor meter is warmed up first, so that its one-time cost is not charged to the
+    first metered phase, and recording's libraries are imported (`import_recording_libraries`), both
+    before the planning baseline is taken."""
+    if fitting:
         import_recording_libraries(config)
-    metered = config.memory.meter and (TensorMeter.warm_up() if warm_meter else True)
+    metered = config.memory.meter and (TensorMeter.warm_up() if fitting else True)
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
     room = HostRoomWatch(config.memory.safety_margin_bytes)
