@@ -22,7 +22,7 @@ from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, drop_missing_groups, enforce)
 from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
-from tamrun.data.load import load_table
+from tamrun.data.load import frame_bytes, load_table
 from tamrun.data.split import carve_validation, split_by_date
 from tamrun.device import DeviceManager
 from tamrun.effects.design import AdditiveDesign, needed_columns
@@ -58,7 +58,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     numeric = {"data.target": data.target}
     numeric.update(effect_columns(specs))
     frame = load_table(data, *file_columns(data, numeric), room=room)
-    room("deriving and checking the data")
+    room("deriving and checking the data", "check", frame_bytes(frame))
     frame = add_derived_columns(frame, data.derived, data.date_column)
     check_table(frame, numeric, {"data.group": data.group} if data.group else {})
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
@@ -67,7 +67,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
                         frame[data.date_column].min() if len(frame) else None)
-    room("splitting the data")
+    room("splitting the data", "split", frame_bytes(frame))
     train, test = split_by_date(frame, config.split, data.date_column)
     check_constant_columns(train, effect_columns(specs), data.constant_features)
     check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
@@ -101,7 +101,7 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     effects = build_effects(specs, config.seed)
     columns = needed_columns(effects)
     train = build_batch(train_frame, columns, data.target, data.group, DTYPES[config.dtype])
-    room("fitting the design")
+    room("fitting the design", "design", train.x.nelement() * train.x.element_size())
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)

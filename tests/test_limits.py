@@ -38,13 +38,15 @@ def write(path: Path, text: str) -> Path:
 
 
 def fake_v1(tmp_path: Path, job_limit: str, parent_limit: str = "9223372036854771712") -> Path:
-    """A v1 hierarchy: mount/slurm (parent_limit) / job (job_limit, 300 MiB used, 20 MiB inactive cache)."""
+    """A v1 hierarchy: mount/slurm (parent_limit) / job (job_limit, 300 MiB used, 20 MiB inactive cache of
+    which 5 MiB are mapped: 15 MiB reclaimable)."""
     mount = tmp_path / "v1"
     for directory, limit, usage in ((mount / "slurm", parent_limit, 400 * MiB), (mount / "slurm/job", job_limit,
                                                                                  300 * MiB)):
         write(directory / "memory.limit_in_bytes", limit + "\n")
         write(directory / "memory.usage_in_bytes", f"{usage}\n")
-        write(directory / "memory.stat", f"cache 1\ntotal_inactive_file {20 * MiB}\ntotal_rss 2\n")
+        write(directory / "memory.stat", f"cache 1\ntotal_inactive_file {20 * MiB}\ntotal_mapped_file {5 * MiB}\n"
+                                                   "total_rss 2\n")
     write(tmp_path / "proc/cgroup", "5:devices:/\n4:memory:/slurm/job\n0::/\n")
     write(tmp_path / "proc/mountinfo", V1_MOUNTINFO.format(v1=mount, v2=tmp_path / "v2"))
     return tmp_path / "proc"
@@ -67,15 +69,16 @@ def test_proc_cgroup_and_mountinfo_are_parsed(tmp_path):
     assert (version, directory, mount) == ("v1", tmp_path / "v1/slurm/job", tmp_path / "v1")
 
 
-def test_v1_limit_is_the_tightest_level_net_of_the_inactive_cache(tmp_path):
+def test_v1_limit_is_the_tightest_level_net_of_the_reclaimable_cache(tmp_path):
+    """Used = usage less the inactive file cache that no process maps (mapped pages would fault back)."""
     proc = fake_v1(tmp_path, str(600 * MiB))
     limit = cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none")
-    assert (limit.name, limit.size, limit.used) == ("cgroup", 600 * MiB, 280 * MiB)
+    assert (limit.name, limit.size, limit.used) == ("cgroup", 600 * MiB, 285 * MiB)
     assert limit.where == str(tmp_path / "v1/slurm/job")
-    # the parent's limit binds when it leaves less: 500 - (400 - 20) = 120 MiB < 600 - 280
+    # the parent's limit binds when it leaves less: 500 - (400 - 15) = 115 MiB < 600 - 285
     proc = fake_v1(tmp_path, str(600 * MiB), parent_limit=str(500 * MiB))
     parent = cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none")
-    assert (parent.size, parent.used, parent.where) == (500 * MiB, 380 * MiB, str(tmp_path / "v1/slurm"))
+    assert (parent.size, parent.used, parent.where) == (500 * MiB, 385 * MiB, str(tmp_path / "v1/slurm"))
     proc = fake_v1(tmp_path, "9223372036854771712")
     assert cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none") is None
 
@@ -85,11 +88,13 @@ def test_v2_limit_in_a_container_namespace(tmp_path):
     mount = tmp_path / "sys"
     write(mount / "memory.max", f"{2048 * MiB}\n")
     write(mount / "memory.current", f"{1000 * MiB}\n")
-    write(mount / "memory.stat", f"anon 5\ninactive_file {100 * MiB}\n")
+    write(mount / "memory.stat", f"anon 5\ninactive_file {100 * MiB}\nfile_mapped {30 * MiB}\n")
     write(tmp_path / "cgroup", "0::/\n")
     write(tmp_path / "mountinfo", f"29 23 0:26 / {mount} rw - cgroup2 cgroup2 rw,nsdelegate\n")
     limit = cgroup_limit(tmp_path / "cgroup", tmp_path / "mountinfo", tmp_path / "none")
-    assert (limit.size, limit.used) == (2048 * MiB, 900 * MiB)
+    assert (limit.size, limit.used) == (2048 * MiB, 930 * MiB)
+    write(mount / "memory.stat", f"inactive_file {10 * MiB}\nfile_mapped {30 * MiB}\n")  # mapped pages are active
+    assert cgroup_limit(tmp_path / "cgroup", tmp_path / "mountinfo", tmp_path / "none").used == 1000 * MiB
     write(mount / "memory.max", "max\n")
     assert cgroup_limit(tmp_path / "cgroup", tmp_path / "mountinfo", tmp_path / "none") is None
 
@@ -161,7 +166,14 @@ def tamrun_under(limit: Optional[int], *args: str, cwd: Path, prlimit_as: Option
                 handle.write(str(os.getpid()))
 
         done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600, preexec_fn=enter)
-        return done.returncode, done.stdout + done.stderr, int((group / "memory.max_usage_in_bytes").read_text())
+        text = done.stdout + done.stderr
+        if done.returncode < 0:  # killed: say what the cgroup held, for the failure's message
+            stat = (group / "memory.stat").read_text().split()
+            kept = ("total_rss", "total_cache", "total_mapped_file", "total_inactive_file", "total_shmem")
+            text = (f"[killed by signal {-done.returncode} in a cgroup of {limit} bytes; failcnt "
+                    f"{(group / 'memory.failcnt').read_text().strip()}; " +
+                    ", ".join(f"{k} {v}" for k, v in zip(stat[::2], stat[1::2]) if k in kept) + "]\n" + text)
+        return done.returncode, text, int((group / "memory.max_usage_in_bytes").read_text())
     finally:
         group.rmdir()
 
@@ -205,7 +217,7 @@ def test_a_cgroup_limit_between_the_baseline_and_the_peak_never_kills(tmp_path):
     for limit, extra in ((middle, ()), (int(baseline + 0.9 * (peak - baseline)), ()),
                          (middle, ("memory.safety_margin=16MiB",))):
         capped, text, used = tamrun_under(limit, *args, *extra, cwd=tmp_path)
-        assert capped in (0, 2), (limit, capped, text[-3000:])
+        assert capped in (0, 2), (limit, capped, text[:400], text[-2000:])
         assert "Traceback" not in text and used <= limit
         if capped == 0:
             assert rmse_test(text) == rmse_test(output)
@@ -231,7 +243,7 @@ def test_a_cgroup_limit_just_above_the_baseline_refuses_or_finishes(tmp_path):
     for extra in (8 * MiB, 16 * MiB):
         limit = int(baseline + extra)
         capped, text, used = tamrun_under(limit, *args, cwd=tmp_path)
-        assert capped in (0, 2), (limit, capped, text[-3000:])
+        assert capped in (0, 2), (limit, capped, text[:400], text[-2000:])
         assert "Traceback" not in text and used <= limit
         if capped == 0:
             assert rmse_test(text) == rmse_test(output)
@@ -285,3 +297,19 @@ def test_no_room_before_the_data_is_refused():
     with pytest.raises(MemoryBudgetError, match=r"^cgroup='400.00 MiB': nothing is left for loading the data under the "
                                                 r"cgroup limit .* at least 464.00 MiB"):
         require_room(Limit("cgroup", 400 * MiB, 336 * MiB, margin=64 * MiB), "loading the data")
+
+
+def test_a_step_larger_than_the_margin_needs_its_own_size_under_the_limit():
+    """The margin covers a step up to its own size; a larger one (the design of a big table: 5 copies of
+    its batch, `DATA_STEP_COPIES`) must fit whole under the limit: size - used >= need."""
+    from tamrun.memory.footprint import DATA_STEP_COPIES, data_step_bytes
+    from tamrun.memory.guard import require_room
+
+    assert data_step_bytes("design", 100 * MiB) == int(DATA_STEP_COPIES["design"] * 100 * MiB)
+    bound = Limit("cgroup", 1000 * MiB, 400 * MiB, margin=64 * MiB)  # 600 MiB free, 536 MiB left
+    require_room(bound, "fitting the design", 40 * MiB)  # within the margin
+    require_room(bound, "fitting the design", 599 * MiB)
+    with pytest.raises(MemoryBudgetError, match=r"^cgroup='1000.00 MiB': fitting the design needs about 601.00 MiB "
+                                                r"but 600.00 MiB is free under the cgroup limit .* Fix: raise the "
+                                                r"cgroup limit to at least 1.04 GiB"):
+        require_room(bound, "fitting the design", 601 * MiB)

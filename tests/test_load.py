@@ -57,19 +57,26 @@ def test_a_missing_required_column_names_every_column_of_the_file(wide_csv):
 
 
 def test_the_room_check_runs_before_every_block_and_can_stop_the_read(wide_csv):
-    """The memory check (`HostRoomWatch` in a run) is called once per block; when it refuses, the read
-    stops there with its error (here a DataError raised on purpose by the test's check)."""
+    """The memory check (`HostRoomWatch` in a run) is called before each block, with the bytes of the
+    block before it, and before the join; when it refuses, the read stops there with its error (here a
+    DataError raised on purpose by the test's check)."""
     path, frame = wide_csv
     seen = []
 
-    def room(what: str) -> None:
-        seen.append(what)
+    def room(what: str, step: str = "", nbytes: int = 0) -> None:
+        seen.append((what, step, nbytes))
         if len(seen) == 3:
             raise DataError("data.path", str(path), "stopped by the test's room check", "none")
 
     with pytest.raises(DataError, match="stopped by the test's room check"):
         load_table(data_config(path, read_chunk_rows=100), {"data.target": "y"}, room=room)
-    assert seen == ["parsing the data (rows 1-100)", "parsing the data (rows 101-200)", "parsing the data (rows 201-300)"]
+    assert [what for what, _, _ in seen] == ["parsing the data (rows 1-100)", "parsing the data (rows 101-200)",
+                                             "parsing the data (rows 201-300)"]
+    # the first block is unknown; then the last block's bytes: 100 rows x (date, y) x 8 bytes
+    assert [(step, nbytes) for _, step, nbytes in seen] == [("read", 0), ("read", 100 * 2 * 8), ("read", 100 * 2 * 8)]
     blocks = []
-    load_table(data_config(path, read_chunk_rows=100), {"data.target": "y"}, room=blocks.append)
-    assert len(blocks) == -(-len(frame) // 100)
+    load_table(data_config(path, read_chunk_rows=100), {"data.target": "y"},
+               room=lambda what, step="", nbytes=0: blocks.append((what, step, nbytes)))
+    n_blocks = -(-len(frame) // 100)
+    assert len(blocks) == n_blocks + 2  # one per block, one that finds the end, the join
+    assert blocks[-1] == ("joining and sorting the data", "join", len(frame) * 2 * 8)

@@ -68,13 +68,14 @@ def read_header(path: Path) -> List[str]:
 
 
 def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
-               optional: Iterable[str] = (), room: Callable[[str], None] = lambda what: None) -> pd.DataFrame:
+               optional: Iterable[str] = (), room: Callable[..., None] = lambda *step: None) -> pd.DataFrame:
     """Read the table, parse the date column and sort rows by (date, group).
 
     ``required`` (config field -> column): the columns the run reads from the file, checked against
     its header before anything else is read; with it, only those, the date and ``optional`` (read
     when present) are loaded: the columns no effect uses never take memory. Without it, every column.
-    ``room(what)`` is called before each block is read (a check of the memory left; it may raise).
+    ``room(what, step, nbytes)`` is called before each block is read and before the blocks are joined
+    (a check of the memory left, `tamrun.memory.guard.RoomCheck`; it may raise).
 
     Raises:
         DataError: the file is missing, unreadable or empty, or a required column is absent, or the date
@@ -93,22 +94,34 @@ def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
     return frame
 
 
-def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[[str], None]) -> pd.DataFrame:
+def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[..., None]) -> pd.DataFrame:
     """The file's rows (``usecols`` only, if given) with the date column parsed, read in blocks of
-    data.read_chunk_rows so that the text and date strings of one block are held at a time."""
-    parts, dropped, rows = [], 0, 0
+    data.read_chunk_rows so that the text and date strings of one block are held at a time. The room
+    for each block is checked before it is read (as big as the last one), and for joining them."""
+    parts, dropped, rows, last = [], 0, 0, 0
     try:
-        for block in pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows):
-            room(f"parsing the data (rows {rows + 1}-{rows + len(block)})")
-            rows += len(block)
-            block, blank = parse_dates(block, cfg.date_column, cfg.nan_policy)
-            parts.append(block)
-            dropped += blank
+        with pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows) as reader:
+            while True:
+                room(f"parsing the data (rows {rows + 1}-{rows + cfg.read_chunk_rows})", "read", last)
+                block = next(reader, None)
+                if block is None:
+                    break
+                rows += len(block)
+                block, blank = parse_dates(block, cfg.date_column, cfg.nan_policy)
+                parts.append(block)
+                dropped += blank
+                last = frame_bytes(block)
     except READ_ERRORS as exc:
         raise unreadable(path, exc) from None
     if dropped:
         log.warning("dropping %d row(s) without a date in column %r (data.nan_policy=drop)", dropped, cfg.date_column)
+    room("joining and sorting the data", "join", sum(frame_bytes(part) for part in parts))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=usecols)
+
+
+def frame_bytes(frame: pd.DataFrame) -> int:
+    """Bytes of a table's columns (object columns counted by their pointers: a lower bound)."""
+    return int(frame.memory_usage(index=False, deep=False).sum())
 
 
 def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy) -> Tuple[pd.DataFrame, int]:

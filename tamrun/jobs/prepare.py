@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 
 from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
+from tamrun.data.load import frame_bytes
 from tamrun.device import DeviceManager
 from tamrun.fitted import prediction_batch
 from tamrun.memory.guard import ChunkLoop, HostRoomWatch, OomLog, ProgressCallback, no_progress, oom_settings
@@ -83,7 +84,7 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitti
     recorder = PhaseRecorder(devices)
     with recorder.phase("data"):
         splits = load_splits(config, specs, room)
-    room("building the features")
+    room("building the features", "batch", frame_bytes(splits.train))
     with recorder.phase("features"):
         features = build_features(config, specs, splits.train, room)
         test = prediction_batch(features.design, features.train.groups, splits.recipe, features.train.x.dtype,

@@ -203,6 +203,25 @@ def results_bytes(n_scored_rows: int) -> int:
     return n_scored_rows * RESULT_COLUMNS * 8 * RESULT_COPIES
 
 
+# ---- the unplanned data phase --------------------------------------------------------------------
+# Peak bytes a step of the data phase adds to what is already held, in copies of what it works on:
+#   read    the last block read: the next block's text and parsed columns
+#   join    the blocks read: their concatenation and the copy sorted by (date, group)
+#   check   the table: derived columns, NaN masks, the NaN policy's copy
+#   split   the table: the splits and the constant-column checks
+#   batch   the training table: the (G, N, F) tensors and their staging
+#   design  the training batch's features: ranges, levels, forests' bins and their temporaries
+# Measured per step (RSS high-water mark, national table): 1.0-1.3 copies (check, split), 2.5 (batch),
+# 3.4-3.9 (design); rounded up. A step is refused (exit 2) when it would not fit under the binding real
+# limit; memory.safety_margin covers steps smaller than itself (`tamrun.memory.guard.require_room`).
+DATA_STEP_COPIES = {"read": 3.0, "join": 2.0, "check": 2.0, "split": 2.0, "batch": 3.0, "design": 5.0}
+
+
+def data_step_bytes(step: str, nbytes: int) -> int:
+    """Peak bytes data-phase step ``step`` (a key of `DATA_STEP_COPIES`) adds over ``nbytes`` of input."""
+    return int(DATA_STEP_COPIES[step] * nbytes)
+
+
 # ---- the routes' systems -------------------------------------------------------------------------
 def dense_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's dense normal equations and their Cholesky solve."""

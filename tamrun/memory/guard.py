@@ -28,6 +28,7 @@ import torch
 
 from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
+from tamrun.memory.footprint import data_step_bytes
 from tamrun.memory.limits import HARD, WHAT, Limit, binding_limit
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import format_size
@@ -83,20 +84,29 @@ def unplanned_oom_refused(margin: int) -> Iterator[None]:
             "plan leaves more room outside its chunks") from None
 
 
-def require_room(bound: Optional[Limit], what: str) -> None:
-    """`MemoryBudgetError` (exit 2) when a hard limit (`HARD`) leaves nothing above its safety margin
-    before ``what`` starts: a refusal, not the kernel's kill halfway through it."""
-    if bound is None or bound.name not in HARD or bound.left > 0:
+def require_room(bound: Optional[Limit], what: str, need: int = 0) -> None:
+    """`MemoryBudgetError` (exit 2) when a hard limit (`HARD`) cannot hold ``what`` before it starts: a
+    refusal, not the kernel's kill halfway through it. The safety margin covers a step of up to its own
+    size (``need`` bytes at the step's peak); a larger step needs ``need`` bytes under the limit."""
+    if bound is None or bound.name not in HARD or bound.left > max(0, need - bound.margin):
         return
-    raise MemoryBudgetError(bound.name, format_size(bound.size), f"nothing is left for {what} under {bound.describe()}",
-                            bound.fix(bound.margin))
+    if need <= bound.margin:
+        reason = f"nothing is left for {what} under {bound.describe()}"
+    else:
+        reason = (f"{what} needs about {format_size(need)} but {format_size(bound.size - bound.used)} is free "
+                  f"under {bound.describe()}")
+    raise MemoryBudgetError(bound.name, format_size(bound.size), reason, bound.fix(max(bound.margin, need)))
 
 
-# A check called between the steps of work no plan covers (``what``: the step about to run).
-RoomCheck = Callable[[str], None]
+class RoomCheck(Protocol):
+    """A check called between the steps of work no plan covers: ``what`` is the step about to run,
+    ``step`` its key in `DATA_STEP_COPIES` and ``nbytes`` the bytes it works on ("" and 0: a step
+    the safety margin covers)."""
+
+    def __call__(self, what: str, step: str = "", nbytes: int = 0) -> None: ...
 
 
-def no_room_check(what: str) -> None:
+def no_room_check(what: str, step: str = "", nbytes: int = 0) -> None:
     """A `RoomCheck` that checks nothing (tests, tools)."""
 
 
@@ -104,13 +114,13 @@ def no_room_check(what: str) -> None:
 class HostRoomWatch:
     """A `RoomCheck` over the host's real limits: before each step of the unplanned work (each block of
     the data read, its checks, the features) the tightest limit is read again, and `require_room`
-    refuses (exit 2) when it has nothing left above ``margin`` (memory.safety_margin). A step smaller
-    than the margin can then never reach the limit: a refusal, not the kernel's kill."""
+    refuses (exit 2) when the step's estimated peak (`data_step_bytes`, at least ``margin``:
+    memory.safety_margin) does not fit under it: a refusal, not the kernel's kill."""
 
     margin: int
 
-    def __call__(self, what: str) -> None:
-        require_room(binding_limit(self.margin), what)
+    def __call__(self, what: str, step: str = "", nbytes: int = 0) -> None:
+        require_room(binding_limit(self.margin), what, data_step_bytes(step, nbytes) if step else 0)
 
 
 def oom_settings(cfg: OomConfig, environ: Optional[dict] = None) -> OomConfig:

@@ -4,11 +4,16 @@
 
     limit l                                   size_l                        used_l
     cgroup (SLURM --mem, docker --memory)     v2 memory.max, v1 memory.     the cgroup's usage (memory.current,
-      its own cgroup and every ancestor       limit_in_bytes ("max" or      memory.usage_in_bytes) less its
-      up to the mount root                    >= 2^62: none)                inactive file cache (memory.stat)
+      its own cgroup and every ancestor       limit_in_bytes ("max" or      memory.usage_in_bytes) less the
+      up to the mount root                    >= 2^62: none)                reclaimable cache: inactive file
+                                                                            pages not mapped (memory.stat)
     RLIMIT_AS (ulimit -v)                     resource.getrlimit            VmSize (/proc/self/status)
     RLIMIT_DATA (ulimit -d)                   resource.getrlimit            VmData (what the kernel counts)
     available RAM                             psutil's available            0 (already net of every process)
+
+Mapped file pages (the code and data of the loaded libraries: 120 MiB of torch's when the page cache
+was cold and the cgroup was charged for them) count as used even when inactive: the kernel can evict
+them only for them to fault straight back in, and a cgroup that relies on that reclaim is killed.
 
 The cgroup is found from /proc/self/cgroup and /proc/self/mountinfo (the usual /sys/fs/cgroup paths
 otherwise). The parsing functions take the files' paths, so tests run them on fake files. The CPU
@@ -170,15 +175,22 @@ def cgroup_dirs(proc_cgroup: Path, mountinfo: Path) -> List[Tuple[str, Path, Pat
 
 
 def cgroup_level(version: str, directory: Path) -> Optional[Limit]:
-    """One cgroup directory's limit and working set (usage less the inactive file cache); None: no limit."""
-    files = {"v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
-             "v2": ("memory.max", "memory.current", "inactive_file")}[version]
+    """One cgroup directory's limit and working set: usage less the reclaimable cache (inactive file
+    pages less the mapped ones, `reclaimable_cache`); None: no limit."""
+    files = {"v1": ("memory.limit_in_bytes", "memory.usage_in_bytes"), "v2": ("memory.max", "memory.current")}[version]
     size = read_size(directory / files[0])
     usage = read_size(directory / files[1])
     if size is None or usage is None:
         return None
-    inactive = read_keyed(directory / "memory.stat").get(files[2], 0)
-    return Limit("cgroup", size, max(0, usage - inactive), str(directory))
+    return Limit("cgroup", size, max(0, usage - reclaimable_cache(version, read_keyed(directory / "memory.stat"))),
+                 str(directory))
+
+
+def reclaimable_cache(version: str, stat: Dict[str, int]) -> int:
+    """Bytes of a cgroup's page cache the kernel can drop for good: its inactive file pages less its
+    mapped file pages (an upper bound on the mapped ones among the inactive, so never over-counted)."""
+    inactive, mapped = {"v1": ("total_inactive_file", "total_mapped_file"), "v2": ("inactive_file", "file_mapped")}[version]
+    return max(0, stat.get(inactive, 0) - stat.get(mapped, 0))
 
 
 def cgroup_limit(proc_cgroup: Path = Path("/proc/self/cgroup"), mountinfo: Path = Path("/proc/self/mountinfo"),
