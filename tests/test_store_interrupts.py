@@ -1,5 +1,6 @@
 """A new sqlite store survives an interrupt at any instant of its creation: the first run of a new
-user, stopped by Ctrl-C (SIGINT) or killed (SIGKILL) while MLflow creates and migrates the tables,
+user, stopped by Ctrl-C (SIGINT), SIGTERM (a scheduler's cancel) or killed (SIGKILL) while MLflow creates
+and migrates the tables,
 leaves either no store or a complete one, and the next run opens it. A store half-created by an older
 version is moved aside and created anew when it holds no run. Real processes, real sqlite files."""
 
@@ -53,31 +54,38 @@ def usable(uri: str) -> None:
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
 
 
+def interrupt_creation(uri: str, delay: float, signum: int) -> None:
+    """Start a first run's store creation, send ``signum`` ``delay`` seconds after its imports, wait."""
+    proc = subprocess.Popen([sys.executable, "-c", CREATE, uri], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, preexec_fn=terminal_signals)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(delay)
+    proc.send_signal(signum)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # an interrupt swallowed somewhere: the user kills it, as they would
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.slow
 def test_an_interrupt_at_any_instant_of_the_creation_leaves_a_store_the_next_run_uses(tmp_path):
+    """SIGINT and SIGTERM at each of 20 instants spread over the creation, SIGKILL at every other one."""
     span = creation_seconds(tmp_path)
     outcomes = []
     for i in range(INSTANTS):
-        db = tmp_path / f"store{i}" / "mlflow.db"
-        uri = f"sqlite:///{db}"
-        signum = signal.SIGINT if i % 2 == 0 else signal.SIGKILL
-        proc = subprocess.Popen([sys.executable, "-c", CREATE, uri], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, preexec_fn=terminal_signals)
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(span * i / INSTANTS)  # instants spread over the creation
-        proc.send_signal(signum)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # Ctrl-C swallowed somewhere: the user kills it, as they would
-            proc.kill()
-            proc.wait(timeout=30)
-        outcomes.append("complete" if db.exists() else "none")
-        assert not db.exists() or broken_store(db) is None, f"instant {i}: {broken_store(db)}"
-        try:
-            usable(uri)
-        except Exception as error:
-            raise AssertionError(f"instant {i} ({signal.Signals(signum).name} after {span * i / INSTANTS:.2f} s): "
-                                 f"the next run could not use the store: {error!r}") from error
+        delay = span * i / INSTANTS
+        for signum in (signal.SIGINT, signal.SIGTERM) + ((signal.SIGKILL,) if i % 2 else ()):
+            db = tmp_path / f"store{i}-{signum.name}" / "mlflow.db"
+            uri = f"sqlite:///{db}"
+            interrupt_creation(uri, delay, signum)
+            outcomes.append("complete" if db.exists() else "none")
+            assert not db.exists() or broken_store(db) is None, f"instant {i} ({signum.name}): {broken_store(db)}"
+            try:
+                usable(uri)
+            except Exception as error:
+                raise AssertionError(f"instant {i} ({signum.name} after {delay:.2f} s): the next run could not use "
+                                     f"the store: {error!r}") from error
     assert "none" in outcomes  # some interrupts did land inside the creation
 
 
