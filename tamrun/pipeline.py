@@ -101,7 +101,7 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     effects = build_effects(specs, config.seed)
     columns = needed_columns(effects)
     train = build_batch(train_frame, columns, data.target, data.group, DTYPES[config.dtype])
-    room("fitting the design", "design", train.x.nelement() * train.x.element_size())
+    room("fitting the design", "design", train.x.nbytes)
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)

@@ -98,7 +98,7 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
     """The file's rows (``usecols`` only, if given) with the date column parsed, read in blocks of
     data.read_chunk_rows so that the text and date strings of one block are held at a time. The room
     for each block is checked before it is read (as big as the last one), and for joining them."""
-    parts, dropped, rows, last = [], 0, 0, 0
+    parts, dropped, rows, last, held = [], 0, 0, 0, 0
     try:
         with pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows) as reader:
             while True:
@@ -111,11 +111,12 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
                 parts.append(block)
                 dropped += blank
                 last = frame_bytes(block)
+                held += last
     except READ_ERRORS as exc:
         raise unreadable(path, exc) from None
     if dropped:
         log.warning("dropping %d row(s) without a date in column %r (data.nan_policy=drop)", dropped, cfg.date_column)
-    room("joining and sorting the data", "join", sum(frame_bytes(part) for part in parts))
+    room("joining and sorting the data", "join", held)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=usecols)
 
 
