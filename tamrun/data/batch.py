@@ -62,17 +62,25 @@ def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group:
     n_max = int(counts.max()) if len(counts) else 0
     rows, g_sorted = order, gidx[order]
 
-    x = np.zeros((len(groups), n_max, len(columns)), dtype=np.float64)
-    x[g_sorted, pos] = frame[list(columns)].to_numpy(dtype=np.float64)[rows]
-    y = np.zeros((len(groups), n_max), dtype=np.float64)
-    y[g_sorted, pos] = frame[target].to_numpy(dtype=np.float64)[rows]
-    weight = np.zeros((len(groups), n_max), dtype=np.float64)
-    weight[g_sorted, pos] = 1.0
+    at = (torch.from_numpy(g_sorted), torch.from_numpy(pos))
+    x = torch.zeros((len(groups), n_max, len(columns)), dtype=dtype)
+    for i, column in enumerate(columns):  # one column at a time: two (rows,) float64 temporaries at the peak
+        x[at + (i,)] = padded_values(frame, column, rows, dtype)
+    y = torch.zeros((len(groups), n_max), dtype=dtype)
+    y[at] = padded_values(frame, target, rows, dtype)
+    weight = torch.zeros((len(groups), n_max), dtype=dtype)
+    weight[at] = 1.0
     row_index = np.full((len(groups), n_max), -1, dtype=np.int64)
     row_index[g_sorted, pos] = rows
-    check_range({**{c: x[..., i] for i, c in enumerate(columns)}, target: y}, dtype)
-    return GroupedBatch(list(groups), list(columns), torch.as_tensor(x, dtype=dtype), torch.as_tensor(y, dtype=dtype),
-                        torch.as_tensor(weight, dtype=dtype), row_index)
+    return GroupedBatch(list(groups), list(columns), x, y, weight, row_index)
+
+
+def padded_values(frame: pd.DataFrame, column: str, rows: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``frame[column]`` in the order ``rows`` as a ``dtype`` tensor, checked against its range first
+    (`check_range`)."""
+    values = frame[column].to_numpy(dtype=np.float64)
+    check_range({column: values}, dtype)
+    return torch.from_numpy(values[rows]).to(dtype)
 
 
 def check_range(columns: dict, dtype: torch.dtype) -> None:
@@ -98,15 +106,21 @@ class RangeScaler:
 
     @classmethod
     def fit(cls, batch: GroupedBatch) -> "RangeScaler":
-        real = batch.weight.unsqueeze(-1) > 0
-        hi = torch.where(real, batch.x, torch.full_like(batch.x, -torch.inf)).amax(dim=1)
-        lo = torch.where(real, batch.x, torch.full_like(batch.x, torch.inf)).amin(dim=1)
+        """The ranges of the real rows, one feature at a time (two (G, N) temporaries at the peak)."""
+        padded = batch.weight <= 0
+        hi = batch.x.new_empty(batch.x.shape[0], batch.x.shape[-1])
+        lo = torch.empty_like(hi)
+        for feature in range(batch.x.shape[-1]):
+            column = batch.x[..., feature]
+            hi[:, feature] = column.masked_fill(padded, -torch.inf).amax(dim=1)
+            lo[:, feature] = column.masked_fill(padded, torch.inf).amin(dim=1)
         half = (hi - lo) / 2
         return cls(center=(hi + lo) / 2, half=torch.where(half > 0, half, torch.ones_like(half)))
 
-    def apply(self, x: torch.Tensor, group_slice: slice = slice(None)) -> torch.Tensor:
-        """Scale ``x`` (g, n, F) whose groups are ``group_slice`` of the fitted ones."""
-        return (x - self.center[group_slice].unsqueeze(1)) / self.half[group_slice].unsqueeze(1)
+    def apply(self, x: torch.Tensor, group_slice: slice = slice(None), columns: Sequence[int] | slice = slice(None)
+              ) -> torch.Tensor:
+        """Scale ``x`` (g, n, f) whose groups are ``group_slice`` and features ``columns`` of the fitted ones."""
+        return (x - self.center[group_slice][:, columns].unsqueeze(1)) / self.half[group_slice][:, columns].unsqueeze(1)
 
     def to(self, device: torch.device) -> "RangeScaler":
         return RangeScaler(self.center.to(device), self.half.to(device))

@@ -47,14 +47,15 @@ class AdditiveDesign:
         return [self._col[c] for c in effect.columns]
 
     def fit(self, train: GroupedBatch) -> "AdditiveDesign":
-        """Learn the per-group ranges and each effect's state from the training batch."""
+        """Learn the per-group ranges and each effect's state from the training batch, one effect's
+        columns at a time (the real rows of its raw and scaled columns: 4 (G, N, c) copies at the peak)."""
         self.scaler = RangeScaler.fit(train)
-        real = train.weight.cpu() > 0
-        raw = train.x.cpu()[real].numpy()
-        scaled = self.scaler.to(torch.device("cpu")).apply(train.x.cpu())[real].numpy()
+        scaler = self.scaler.to(torch.device("cpu"))
+        real, x = train.weight.cpu() > 0, train.x.cpu()
         for effect in self.effects:
             cols = self._index(effect)
-            effect.fit(raw[:, cols], scaled[:, cols])
+            raw = x[..., cols]
+            effect.fit(raw[real].numpy(), scaler.apply(raw, columns=cols)[real].numpy())
         return self
 
     # ---- layout ------------------------------------------------------------------------------------
