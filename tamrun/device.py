@@ -126,20 +126,21 @@ class DeviceManager:
             return f"cpu ({platform.processor() or platform.machine()}, {psutil.cpu_count()} cores)"
         return self.kind
 
-    def memory(self, margin: int = 0) -> MemoryView:
+    def memory(self, margin: int = 0, reserve: int = 0) -> MemoryView:
         """Free/total bytes of the device, as the oracle caps them with memory.limit.
 
         CUDA: free = device free + reserved - allocated (mem_get_info does not see PyTorch's
         cached-but-free blocks), held = allocated. CPU: what is left under the tightest real limit
         (cgroup, RLIMIT_AS, RLIMIT_DATA, available RAM; `tamrun.memory.limits`) less ``margin``
-        (memory.safety_margin), held = 0.
+        (memory.safety_margin) and ``reserve`` (what the run records after its fit: host memory, so a
+        GPU's view ignores it), held = 0.
         """
         if self.kind == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             allocated = torch.cuda.memory_allocated(self.device)
             free = int(free + torch.cuda.memory_reserved(self.device) - allocated)
             return MemoryView(free=max(0, free), total=int(total), held=int(allocated))
-        bound = binding_limit(margin)
+        bound = binding_limit(margin, reserve)
         return MemoryView(free=bound.left, total=int(psutil.virtual_memory().total), bound=bound)
 
     def allocated(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import numpy as np
 import pandas as pd
@@ -15,14 +15,14 @@ from tamrun.errors import NumericalError
 def predictions_table(frame: pd.DataFrame, batch: GroupedBatch, predicted: torch.Tensor, date_column: str,
                       group: str | None, split: str) -> pd.DataFrame:
     """One row per real row of the split: date, group, split, actual, predicted (frame order)."""
-    real = batch.row_index >= 0
-    rows = batch.row_index[real]
+    rows = batch.row_index[batch.row_index >= 0]
+    actual, predicted_rows = scored(batch, predicted)
     table = pd.DataFrame({
         "date": frame[date_column].to_numpy()[rows],
         "group": frame[group].to_numpy()[rows] if group else 0,
         "split": split,
-        "actual": batch.y.cpu().numpy()[real],
-        "predicted": predicted.cpu().numpy()[real],
+        "actual": actual,
+        "predicted": predicted_rows,
     })
     return table.sort_values(["date", "group"], kind="stable").reset_index(drop=True)
 
@@ -52,14 +52,16 @@ def require_finite(values: Dict[str, float], what: str, cause: str) -> None:
                              f"{', '.join(bad[:5])})", cause)
 
 
-def split_metrics(table: pd.DataFrame) -> Dict[str, float]:
-    """``rmse_<split>``, ``mape_<split>`` overall for every split in the table."""
-    out: Dict[str, float] = {}
-    for split, part in table.groupby("split", sort=False):
-        actual, predicted = part["actual"].to_numpy(), part["predicted"].to_numpy()
-        out[f"rmse_{split}"] = rmse(actual, predicted)
-        out[f"mape_{split}"] = mape(actual, predicted)
-    return out
+def scored(batch: GroupedBatch, predicted: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
+    """(actual, predicted) of a split's real rows (N_real,) in batch order: what its metrics need,
+    without the predictions table."""
+    real = batch.row_index >= 0
+    return batch.y.cpu().numpy()[real], predicted.cpu().numpy()[real]
+
+
+def split_scores(split: str, actual: np.ndarray, predicted: np.ndarray) -> Dict[str, float]:
+    """``rmse_<split>``, ``mape_<split>`` of one split."""
+    return {f"rmse_{split}": rmse(actual, predicted), f"mape_{split}": mape(actual, predicted)}
 
 
 def group_metrics(table: pd.DataFrame) -> pd.DataFrame:

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from tamrun.config.effects import effect_columns
-from tamrun.config.schema import Config, DataConfig, DType
+from tamrun.config.schema import Config, DataConfig, DType, TrackingConfig
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, drop_missing_groups, enforce)
@@ -30,7 +30,7 @@ from tamrun.effects.registry import build_effects
 from tamrun.errors import ConfigError, DataError, NumericalError
 from tamrun.evaluate import predictions_table
 from tamrun.fitted import FittedModel, predict_rows
-from tamrun.memory.footprint import problem_size, results_bytes
+from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
 from tamrun.solve.dispatcher import Dispatcher
@@ -49,6 +49,11 @@ class Splits:
     test: pd.DataFrame
     validation: Optional[pd.DataFrame]
     recipe: DataRecipe
+
+    @property
+    def n_scored(self) -> int:
+        """Rows the run predicts and scores: train, validation and test."""
+        return len(self.train) + len(self.test) + (0 if self.validation is None else len(self.validation))
 
 
 def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room_check) -> Splits:
@@ -101,7 +106,8 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     effects = build_effects(specs, config.seed)
     columns = needed_columns(effects)
     train = build_batch(train_frame, columns, data.target, data.group, DTYPES[config.dtype])
-    room("fitting the design", "design", train.x.nbytes)
+    widest = max((len(effect.columns) for effect in effects), default=0)  # the design is fitted one effect at a time
+    room("fitting the design", "design", train.x.nbytes * (widest + 1) // max(1, train.x.shape[-1]))
     design = AdditiveDesign(effects, columns, config.model.intercept, config.model.intercept_ap).fit(train)
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)
@@ -115,16 +121,22 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
 
 def plan_memory(config: Config, features: Features, devices: DeviceManager, n_predict_rows: int = 0,
                 n_scored_rows: int = 0) -> Plan:
-    """The oracle's plan for this problem on this device under memory.limit. On the CPU the results of
-    ``n_scored_rows`` rows (`results_bytes`: the predictions table) are reserved out of the free memory
-    first: they are held after the fit, beside nothing the chunks need."""
+    """The oracle's plan for this problem on this device under memory.limit. On the CPU what the
+    recording will add after the fit (`recording_reserve`) is kept free beside the safety margin."""
     oracle = MemoryOracle(config.memory, config.memory.limit_bytes, on_gpu=devices.kind != "cpu")
     train = features.train
     size = problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
                         n_predict_rows)
-    view = devices.memory(config.memory.safety_margin_bytes)
-    free = view.free if devices.kind != "cpu" else max(0, view.free - results_bytes(n_scored_rows))
-    return oracle.plan(size, free, config.solver.name.value, config.solver.dual, view.held, view.bound)
+    view = devices.memory(config.memory.safety_margin_bytes, recording_reserve(config.tracking, n_scored_rows))
+    return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound)
+
+
+def recording_reserve(tracking: TrackingConfig, n_scored_rows: int) -> int:
+    """Bytes a fitted run's recording adds (`recording_bytes`): the predictions table of ``n_scored_rows``
+    rows when its CSV or the plots are logged, the plots, the model; nothing when tracking is off."""
+    on = tracking.enabled
+    return recording_bytes(n_scored_rows, on and (tracking.log_predictions or tracking.log_plots),
+                           on and tracking.log_plots, on and tracking.log_model)
 
 
 def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor:
@@ -174,11 +186,15 @@ class Fit:
         return predict_rows(model.design, model.coef, batch.x, self.device, chunk.groups, chunk.rows, batch.weight,
                             self.loop, self.plan.predict_cost)
 
+    def predict_split(self, frame: pd.DataFrame) -> Tuple[GroupedBatch, torch.Tensor]:
+        """The rows of ``frame`` as a batch and their predictions (G, N)."""
+        batch = self.model.batch(frame)
+        return batch, self.predict(batch)
+
     def predict_frame(self, frame: pd.DataFrame, split: str) -> pd.DataFrame:
         """Predictions table (date, group, split, actual, predicted) for the rows of ``frame``."""
-        batch = self.model.batch(frame)
         recipe = self.model.recipe
-        return predictions_table(frame, batch, self.predict(batch), recipe.date_column, recipe.group, split)
+        return predictions_table(frame, *self.predict_split(frame), recipe.date_column, recipe.group, split)
 
 
 def numerical_fix(config: Config) -> str:

@@ -193,7 +193,7 @@ CASES = [
     Case("limit beyond 64 bits", ["memory.limit=1e30TiB"], ["memory.limit='1e30TiB'", "in [1, 2^63-1]",
                                                             "memory.limit=null"], False),
     Case("negative safety margin", ["memory.safety_margin=-1MiB"],
-         ["memory.safety_margin='-1MiB'", "in [0, 2^63-1]", "Fix: set memory.safety_margin=64MiB"], False),
+         ["memory.safety_margin='-1MiB'", "in [0, 2^63-1]", "Fix: set memory.safety_margin=16MiB"], False),
     Case("overhead factor below 1", ["memory.overhead_factor=0.5"],
          ["memory.overhead_factor=0.5", "in [1, 1000]", "Fix: set memory.overhead_factor=1.1"], False),
     Case("max_iter 0", ["solver.max_iter=0"], ["solver.max_iter=0", "in [1, 1000000000]",

@@ -38,15 +38,16 @@ def write(path: Path, text: str) -> Path:
 
 
 def fake_v1(tmp_path: Path, job_limit: str, parent_limit: str = "9223372036854771712") -> Path:
-    """A v1 hierarchy: mount/slurm (parent_limit) / job (job_limit, 300 MiB used, 20 MiB inactive cache of
-    which 5 MiB are mapped: 15 MiB reclaimable)."""
+    """A v1 hierarchy: mount/slurm (parent_limit) / job (job_limit, 300 MiB used, 32 MiB of file pages (12
+    active, 20 inactive) of which 5 MiB are mapped and 2 MiB dirty: 25 MiB reclaimable)."""
     mount = tmp_path / "v1"
     for directory, limit, usage in ((mount / "slurm", parent_limit, 400 * MiB), (mount / "slurm/job", job_limit,
                                                                                  300 * MiB)):
         write(directory / "memory.limit_in_bytes", limit + "\n")
         write(directory / "memory.usage_in_bytes", f"{usage}\n")
-        write(directory / "memory.stat", f"cache 1\ntotal_inactive_file {20 * MiB}\ntotal_mapped_file {5 * MiB}\n"
-                                                   "total_rss 2\n")
+        write(directory / "memory.stat", f"cache 1\ntotal_active_file {12 * MiB}\ntotal_inactive_file {20 * MiB}\n"
+                                         f"total_mapped_file {5 * MiB}\ntotal_dirty {2 * MiB}\ntotal_writeback 0\n"
+                                         "total_rss 2\n")
     write(tmp_path / "proc/cgroup", "5:devices:/\n4:memory:/slurm/job\n0::/\n")
     write(tmp_path / "proc/mountinfo", V1_MOUNTINFO.format(v1=mount, v2=tmp_path / "v2"))
     return tmp_path / "proc"
@@ -70,15 +71,16 @@ def test_proc_cgroup_and_mountinfo_are_parsed(tmp_path):
 
 
 def test_v1_limit_is_the_tightest_level_net_of_the_reclaimable_cache(tmp_path):
-    """Used = usage less the inactive file cache that no process maps (mapped pages would fault back)."""
+    """Used = usage less the clean file cache that no process maps (mapped pages would fault back, dirty
+    ones must be written first)."""
     proc = fake_v1(tmp_path, str(600 * MiB))
     limit = cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none")
-    assert (limit.name, limit.size, limit.used) == ("cgroup", 600 * MiB, 285 * MiB)
+    assert (limit.name, limit.size, limit.used) == ("cgroup", 600 * MiB, 275 * MiB)
     assert limit.where == str(tmp_path / "v1/slurm/job")
-    # the parent's limit binds when it leaves less: 500 - (400 - 15) = 115 MiB < 600 - 285
+    # the parent's limit binds when it leaves less: 500 - (400 - 25) = 125 MiB < 600 - 275
     proc = fake_v1(tmp_path, str(600 * MiB), parent_limit=str(500 * MiB))
     parent = cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none")
-    assert (parent.size, parent.used, parent.where) == (500 * MiB, 385 * MiB, str(tmp_path / "v1/slurm"))
+    assert (parent.size, parent.used, parent.where) == (500 * MiB, 375 * MiB, str(tmp_path / "v1/slurm"))
     proc = fake_v1(tmp_path, "9223372036854771712")
     assert cgroup_limit(proc / "cgroup", proc / "mountinfo", tmp_path / "none") is None
 
@@ -88,11 +90,12 @@ def test_v2_limit_in_a_container_namespace(tmp_path):
     mount = tmp_path / "sys"
     write(mount / "memory.max", f"{2048 * MiB}\n")
     write(mount / "memory.current", f"{1000 * MiB}\n")
-    write(mount / "memory.stat", f"anon 5\ninactive_file {100 * MiB}\nfile_mapped {30 * MiB}\n")
+    write(mount / "memory.stat", f"anon 5\nactive_file {40 * MiB}\ninactive_file {100 * MiB}\nfile_mapped {30 * MiB}\n"
+                                 f"file_dirty {6 * MiB}\nfile_writeback {4 * MiB}\n")
     write(tmp_path / "cgroup", "0::/\n")
     write(tmp_path / "mountinfo", f"29 23 0:26 / {mount} rw - cgroup2 cgroup2 rw,nsdelegate\n")
     limit = cgroup_limit(tmp_path / "cgroup", tmp_path / "mountinfo", tmp_path / "none")
-    assert (limit.size, limit.used) == (2048 * MiB, 930 * MiB)
+    assert (limit.size, limit.used) == (2048 * MiB, 900 * MiB)
     write(mount / "memory.stat", f"inactive_file {10 * MiB}\nfile_mapped {30 * MiB}\n")  # mapped pages are active
     assert cgroup_limit(tmp_path / "cgroup", tmp_path / "mountinfo", tmp_path / "none").used == 1000 * MiB
     write(mount / "memory.max", "max\n")
@@ -122,6 +125,24 @@ def test_a_limit_keeps_its_margin_and_says_what_to_change():
     assert "the cgroup limit of 600.00 MiB" in limit.describe() and "286.00 MiB left" in limit.describe()
     assert "raise the cgroup limit to at least 414.00 MiB (SLURM --mem" in limit.fix(100 * MiB)
     assert Limit("cgroup", 10, 50).left == 0
+
+
+def test_the_recording_is_reserved_beside_the_margin():
+    """What the recording adds after the fit is kept free and named: the predictions table (rows x 5
+    columns x 8 bytes x 3 copies) only when its CSV or the plots are logged, the plots, the model."""
+    from tamrun.config.schema import TrackingConfig
+    from tamrun.memory.footprint import MODEL_BYTES, PLOTS_BYTES
+    from tamrun.pipeline import recording_reserve
+
+    rows = 100_000
+    assert recording_reserve(TrackingConfig(), rows) == rows * 120 + PLOTS_BYTES + MODEL_BYTES
+    assert recording_reserve(TrackingConfig(log_plots=False, log_model=False), rows) == rows * 120
+    assert recording_reserve(TrackingConfig(log_predictions=False, log_model=False), rows) == rows * 120 + PLOTS_BYTES
+    assert recording_reserve(TrackingConfig(log_predictions=False, log_plots=False), rows) == MODEL_BYTES
+    assert recording_reserve(TrackingConfig(enabled=False), rows) == 0
+    limit = Limit("cgroup", 600 * MiB, 250 * MiB, "/sys/fs/cgroup/memory/job", margin=16 * MiB, reserve=30 * MiB)
+    assert limit.left == 304 * MiB and limit.need(100 * MiB) == 396 * MiB
+    assert "16.00 MiB safety margin, 30.00 MiB for the recording: 304.00 MiB left" in limit.describe()
 
 
 def test_the_oracle_names_the_binding_limit():
@@ -169,7 +190,8 @@ def tamrun_under(limit: Optional[int], *args: str, cwd: Path, prlimit_as: Option
         text = done.stdout + done.stderr
         if done.returncode < 0:  # killed: say what the cgroup held, for the failure's message
             stat = (group / "memory.stat").read_text().split()
-            kept = ("total_rss", "total_cache", "total_mapped_file", "total_inactive_file", "total_shmem")
+            kept = ("total_rss", "total_cache", "total_mapped_file", "total_active_file", "total_inactive_file",
+                    "total_dirty", "total_shmem")
             text = (f"[killed by signal {-done.returncode} in a cgroup of {limit} bytes; failcnt "
                     f"{(group / 'memory.failcnt').read_text().strip()}; " +
                     ", ".join(f"{k} {v}" for k, v in zip(stat[::2], stat[1::2]) if k in kept) + "]\n" + text)
@@ -201,32 +223,39 @@ def rmse_test(output: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux" or not cgroup_writable(), reason="needs a writable cgroup v1 memory controller")
-def test_a_cgroup_limit_between_the_baseline_and_the_peak_never_kills(tmp_path):
-    """A real memory cgroup (what SLURM --mem and docker --memory set), no memory.limit: between the
-    planning baseline and the uncapped peak the run finishes with the uncapped RMSE or exits 2 naming
-    the cgroup limit, never the kernel's kill (137) nor a traceback, and never uses more than the
-    limit; under a limit with room above the peak it finishes with the uncapped RMSE. (Whether a
-    limit between baseline and peak finishes or refuses depends on a few MiB of usage that vary from
-    run to run; both outcomes are correct, so the test accepts either.)"""
-    args = ("model=fourier", "tracking=none")
+@pytest.mark.parametrize("model,extra", [
+    ("fourier", ()), ("spline", ()), ("forest", ()),
+    ("forest_fourier", ("model.effects.forest_toy.left.n_trees=4",))], ids=["fourier", "spline", "forest", "forest_fourier"])
+def test_a_cgroup_limit_between_the_baseline_and_the_peak_finishes(tmp_path, model, extra):
+    """A real memory cgroup (what SLURM --mem and docker --memory set), no memory.limit: at limits halfway
+    and nine tenths of the way from the planning baseline to the uncapped peak the run finishes with the
+    uncapped test RMSE (relative 1e-6, read from its MLflow run, FINISHED), within the limit, without a
+    traceback; with room above the peak, likewise. (forest_fourier: 4 trees instead of 20 keep its CG
+    short; docs/memory.md tabulates the preset itself.)"""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = (f"model={model}", f"tracking.uri={store}", "tracking.log_plots=false", "tracking.log_model=false",
+            "tracking.log_predictions=false", *extra)
     code, output, peak = tamrun_under(8 * 2**30, *args, cwd=tmp_path)
     assert code == 0, output[-3000:]
+    uncapped = latest_run(store)
     baseline = in_use_at_planning(output) * MiB
-    assert baseline < peak
-    middle = int((baseline + peak) / 2)
-    for limit, extra in ((middle, ()), (int(baseline + 0.9 * (peak - baseline)), ()),
-                         (middle, ("memory.safety_margin=16MiB",))):
-        capped, text, used = tamrun_under(limit, *args, *extra, cwd=tmp_path)
-        assert capped in (0, 2), (limit, capped, text[:400], text[-2000:])
+    assert baseline < peak and uncapped.info.status == "FINISHED"
+    for limit in (int((baseline + peak) / 2), int(baseline + 0.9 * (peak - baseline)), int(peak + 64 * MiB)):
+        capped, text, used = tamrun_under(limit, *args, cwd=tmp_path)
+        assert capped == 0, (limit / MiB, baseline / MiB, peak / MiB, capped, text[:400], text[-2000:])
         assert "Traceback" not in text and used <= limit
-        if capped == 0:
-            assert rmse_test(text) == rmse_test(output)
-        else:  # the margin can exceed fourier's whole room above the baseline
-            assert "tamrun: memory error: cgroup=" in text and "raise the cgroup limit to at least" in text, text[-3000:]
-    roomy = peak + 128 * MiB  # the peak, the default 64 MiB margin and room to spare
-    capped, text, used = tamrun_under(roomy, *args, cwd=tmp_path)
-    assert capped == 0 and rmse_test(text) == rmse_test(output), text[-3000:]
-    assert used <= roomy
+        run = latest_run(store)
+        assert run.info.status == "FINISHED" and run.info.run_id != uncapped.info.run_id
+        assert run.data.metrics["rmse_test"] == pytest.approx(uncapped.data.metrics["rmse_test"], rel=1e-6)
+
+
+def latest_run(store: str):
+    """The MLflow run started last in ``store``."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("tamrun")
+    return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)[0]
 
 
 @pytest.mark.slow
@@ -285,7 +314,7 @@ def test_a_bad_safety_margin_is_refused(compose_cfg):
     from tamrun.errors import ConfigError
     from tamrun.runner import run
 
-    with pytest.raises(ConfigError, match=r"memory.safety_margin='lots': not a size.*memory.safety_margin=64MiB"):
+    with pytest.raises(ConfigError, match=r"memory.safety_margin='lots': not a size.*memory.safety_margin=16MiB"):
         run(compose_cfg("memory.safety_margin=lots", "tracking=none"))
 
 

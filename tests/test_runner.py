@@ -121,3 +121,18 @@ def test_cg_warm_start_from_a_logged_run_needs_fewer_iterations(compose_cfg, sto
     pd.read_csv(path).iloc[:, :3].to_csv(wrong, index=False)
     with pytest.raises(ConfigError, match="solver.warm_start.*coefficient columns"):
         run(compose_cfg(*overrides, f"solver.warm_start={wrong}"))
+
+
+def test_the_metrics_come_from_the_predictions_and_the_table_is_built_only_on_use(compose_cfg, csv_path):
+    """With tracking off nothing records the predictions table, so the run never builds it (it would be
+    held above the planning baseline); the metrics match the table's, computed here in float64."""
+    result = run(compose_cfg(*csv_overrides(csv_path), "split.validation_start=2020-12-01", "tracking=none"))
+    assert result.table.cache_info().currsize == 0
+    table = result.predictions
+    assert result.table.cache_info().currsize == 1 and list(table["split"].unique()) == ["train", "validation", "test"]
+    for split, part in table.groupby("split"):
+        error = part["actual"].to_numpy(np.float64) - part["predicted"].to_numpy(np.float64)
+        assert result.metrics[f"rmse_{split}"] == pytest.approx(np.sqrt(np.mean(error ** 2)), rel=1e-12)
+        actual = part["actual"].to_numpy(np.float64)
+        mape = 100 * np.mean(np.abs(error[actual != 0] / actual[actual != 0]))
+        assert result.metrics[f"mape_{split}"] == pytest.approx(mape, rel=1e-12)

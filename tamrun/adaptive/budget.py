@@ -48,12 +48,12 @@ def window_oracle(config: Config, on_gpu: bool) -> MemoryOracle:
 
 
 def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_windows: int, step_rows: int,
-                 n_features: int) -> WindowPlan:
+                 n_features: int, reserve: int = 0) -> WindowPlan:
     """Route and batch sizes for ``n_windows`` refits of one window's problem ``size`` (n_rows = the
-    longest window, n_predict_rows = the longest forecast). Raises `MemoryBudgetError` when one
-    window of one group does not fit."""
+    longest window, n_predict_rows = the longest forecast), ``reserve`` bytes kept for the evaluation
+    and the recording. Raises `MemoryBudgetError` when one window of one group does not fit."""
     oracle = window_oracle(config, devices.kind != "cpu")
-    view = devices.memory(config.memory.safety_margin_bytes)
+    view = devices.memory(config.memory.safety_margin_bytes, reserve)
     plan = oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound)
     updating = plan.route == "direct" and not plan.dual
     fixed, per_window = window_costs(size, n_features, step_rows, updating, plan.fit.rows)

@@ -28,7 +28,7 @@ from tamrun.evaluate import mape, require_finite, rmse
 from tamrun.fitted import prediction_batch
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.result import RunResult
-from tamrun.memory.footprint import problem_size
+from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import OomLog
 from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.tracker import MemoryTracker
@@ -91,8 +91,10 @@ def window_plan(prepared: Prepared, past: History) -> WindowPlan:
     first = gather_systems(past.batch, np.arange(schedule.n_groups), schedule.lo[0], schedule.hi[0])
     size = problem_size(len(first.groups), first.x.shape[1], design, first.x.element_size(), config.solver,
                         schedule.horizon_rows)
+    tracking = config.tracking  # the forecast table is built for the metrics, recorded or not
+    reserve = recording_bytes(len(prepared.splits.test), True, tracking.enabled and tracking.log_plots, False)
     return plan_windows(config, size, prepared.devices, schedule.n_windows, schedule.step_rows,
-                        len(past.batch.columns))
+                        len(past.batch.columns), reserve)
 
 
 def adaptive_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
@@ -127,7 +129,7 @@ def adaptive_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     _record(tracked, prepared, table, metrics, steps, plan, static, fitted)
     coef = fitted.coef if fitted.coef is not None else torch.empty(0)
     return RunResult(run_id=None, route=plan.plan.route, width=static.model.design.width,
-                     groups=static.model.groups, coef=coef, metrics=metrics, predictions=table,
+                     groups=static.model.groups, coef=coef, metrics=metrics, table=lambda: table,
                      plan=plan.plan, stats=fitted.stats)
 
 

@@ -196,8 +196,10 @@ class MemoryConfig:
     limit: Optional[str] = None
     # On the CPU the oracle plans in what is left below the tightest real limit (the cgroup's memory
     # limit, RLIMIT_AS, RLIMIT_DATA, available RAM) less what the process holds, less this margin
-    # (tamrun/memory/limits.py): room for what the plan does not count (Python objects, tables).
-    safety_margin: str = "64MiB"
+    # (tamrun/memory/limits.py): room for what no footprint counts (Python objects, the metrics, the
+    # tracking calls, the allocator's slack). What the recording adds (the predictions table, the plots,
+    # the model) is reserved beside it (tamrun/memory/footprint.py, recording_bytes).
+    safety_margin: str = "16MiB"
     # Every predicted footprint is multiplied by this.
     overhead_factor: float = 1.1
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost

@@ -1,28 +1,44 @@
 """``mode=run``: fit every group, predict the splits, evaluate, record (`tamrun.jobs.record`).
 
     solve (under the tracker and the OOM guard) -> predict train / validation / test -> metrics
+          -> record (the predictions table is built here, and only if the recording uses it)
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Dict
+from typing import Dict, List, NamedTuple
 
 import pandas as pd
+import torch
 
-from tamrun.evaluate import predictions_table, require_finite, split_metrics
+from tamrun.config.schema import DataConfig
+from tamrun.data.batch import GroupedBatch
+from tamrun.evaluate import predictions_table, require_finite, scored, split_scores
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
-from tamrun.pipeline import Fit, numerical_fix, solve
+from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve
 from tamrun.progress import ChunkProgress, IterationProgress
 from tamrun.tracking.mlflow_run import TrackedRun
 
 log = logging.getLogger(__name__)
 
 
+class ScoredSplit(NamedTuple):
+    """A split's rows: the table they came from, their batch and their predictions (G, N)."""
+
+    name: str
+    frame: pd.DataFrame
+    batch: GroupedBatch
+    predicted: torch.Tensor
+
+
 def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
-    """Fit, evaluate and record one run from its preparation."""
+    """Fit, evaluate and record one run from its preparation. The predictions table is built only when
+    something uses it (the recorded CSV and plots, `RunResult.predictions`): the metrics come from the
+    predictions themselves."""
     config, recorder, metered = prepared.config, prepared.recorder, prepared.metered
     loop = prepared.chunk_loop(ChunkProgress(config.progress.value))
     iterations = IterationProgress(config.solver.max_iter, config.progress.value)
@@ -31,34 +47,39 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
                     iterations)
     iterations.close()
     with recorder.phase("predict", metered):
-        predicted_train = fit.predict(fit.train)
-        predicted_test = fit.predict(prepared.test)
-        validation = prepared.splits.validation
-        validation = None if validation is None else fit.predict_frame(validation, "validation")
+        splits = predict_splits(prepared, fit)
     with recorder.phase("evaluate"):
-        table = evaluation_table(prepared, predicted_train, predicted_test, validation)
-        metrics = split_metrics(table)
+        metrics: Dict[str, float] = {}
+        for split in splits:
+            metrics.update(split_scores(split.name, *scored(split.batch, split.predicted)))
         require_finite(metrics, "a forecast metric", numerical_fix(config))
     metrics.update(run_metrics(prepared, fit))
     log.info("rmse_train=%.1f rmse_test=%.1f mape_test=%.3f%% fit=%.2fs", metrics["rmse_train"], metrics["rmse_test"],
              metrics["mape_test"], metrics["fit_seconds"])
+    table = functools.cache(lambda: evaluation_table(config.data, splits))
     with recorder.phase("record"):
         record_fit(tracked, prepared, fit, table, metrics)
     after = {"peak_after_planning_bytes": recorder.peak_after_planning(), **recorder.phase_metrics("record")}
     tracked.log_metrics(after)
     metrics.update(after)
     return RunResult(run_id=None, route=fit.plan.route, width=fit.model.design.width, groups=fit.model.groups,
-                     coef=fit.model.coef, metrics=metrics, predictions=table, plan=fit.plan, stats=fit.stats)
+                     coef=fit.model.coef, metrics=metrics, table=table, plan=fit.plan, stats=fit.stats)
 
 
-def evaluation_table(prepared: Prepared, predicted_train, predicted_test, validation) -> pd.DataFrame:
-    """The predictions table of every split: train, validation (if any), test."""
-    data, splits = prepared.config.data, prepared.splits
-    return pd.concat([
-        predictions_table(splits.train, prepared.features.train, predicted_train, data.date_column, data.group, "train"),
-        *([] if validation is None else [validation]),
-        predictions_table(splits.test, prepared.test, predicted_test, data.date_column, data.group, "test"),
-    ], ignore_index=True)
+def predict_splits(prepared: Prepared, fit: Fit) -> List[ScoredSplit]:
+    """The predictions of every split, in table order: train, validation (if any), test."""
+    splits = prepared.splits
+    scored_splits = [ScoredSplit("train", splits.train, fit.train, fit.predict(fit.train))]
+    if splits.validation is not None:
+        scored_splits.append(ScoredSplit("validation", splits.validation, *fit.predict_split(splits.validation)))
+    scored_splits.append(ScoredSplit("test", splits.test, prepared.test, fit.predict(prepared.test)))
+    return scored_splits
+
+
+def evaluation_table(data: DataConfig, splits: List[ScoredSplit]) -> pd.DataFrame:
+    """The predictions table of every split (date, group, split, actual, predicted)."""
+    return pd.concat([predictions_table(split.frame, split.batch, split.predicted, data.date_column, data.group,
+                                        split.name) for split in splits], ignore_index=True)
 
 
 def run_metrics(prepared: Prepared, fit: Fit) -> Dict[str, float]:
@@ -71,6 +92,8 @@ def run_metrics(prepared: Prepared, fit: Fit) -> Dict[str, float]:
         "tracker_peak_bytes": prepared.tracker.peak, "oom_retries": prepared.oom_log.retries,
         "chunk_groups": stats.group_chunk, "chunk_rows": plan.fit.rows,
         "n_train_rows": float(len(prepared.splits.train)), "n_test_rows": float(len(prepared.splits.test)),
+        "safety_margin_bytes": prepared.config.memory.safety_margin_bytes,
+        "recording_reserve_bytes": recording_reserve(prepared.config.tracking, prepared.splits.n_scored),
     })
     if plan.route == "cg":
         metrics.update({"cg_iterations": stats.cg_iterations, "cg_final_residual": stats.cg_final_residual,

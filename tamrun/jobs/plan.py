@@ -22,5 +22,5 @@ def plan_job(prepared: Prepared) -> RunResult:
     return RunResult(run_id=None, route=plan.route, width=features.design.width, groups=features.train.groups,
                      coef=torch.empty(0), metrics={"predicted_peak_bytes": plan.predicted_peak,
                                                    "minimal_limit_bytes": plan.minimal_limit},
-                     predictions=pd.DataFrame(), plan=plan,
+                     table=pd.DataFrame, plan=plan,
                      stats=FitStats(route=plan.route, group_chunk=plan.fit.groups, row_chunk=plan.fit.rows))

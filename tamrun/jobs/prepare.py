@@ -90,8 +90,7 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitti
         test = prediction_batch(features.design, features.train.groups, splits.recipe, features.train.x.dtype,
                                 splits.test)
     recorder.mark_planning()
-    scored = len(splits.train) + len(splits.test) + (0 if splits.validation is None else len(splits.validation))
-    plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1], n_scored_rows=scored)
+    plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1], n_scored_rows=splits.n_scored)
     # every chunk is charged to the plan's budget when a hard limit binds it (memory.limit, cgroup, rlimits)
     tracker = MemoryTracker(plan.budget if limit is not None or plan.hard_bound else None, plan.overhead)
     return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog(),

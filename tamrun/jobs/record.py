@@ -3,7 +3,7 @@ predictions, the coefficients, the plots and the fitted model."""
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict
 
 import pandas as pd
 
@@ -23,9 +23,10 @@ def coefficients_frame(fit: Fit) -> pd.DataFrame:
     return pd.DataFrame(model.coef.numpy(), index=pd.Index(model.groups, name="group"), columns=columns).reset_index()
 
 
-def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: pd.DataFrame,
+def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callable[[], pd.DataFrame],
                metrics: Dict[str, float]) -> None:
-    """Log everything a fitted run produced (a no-op for every call when tracking is off)."""
+    """Log everything a fitted run produced (a no-op for every call when tracking is off). ``table``
+    builds the predictions table, called only when the CSV or the plots are logged."""
     config, plan, stats = prepared.config, fit.plan, fit.stats
     tracked.log_params({"route": plan.route, "route_reason": plan.reason, "D": fit.model.design.width,
                         "n_groups": len(fit.model.groups), "chunk_groups": stats.group_chunk,
@@ -39,12 +40,12 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: pd.Data
     tracked.log_json(report, "memory/report.json")
     tracked.log_text(report_text(report, plan), "memory/report.txt")
     tracked.log_text(describe(fit.model.design) + "\n", "model/design.txt")
-    if config.tracking.log_predictions:
-        tracked.log_frame(table, "predictions/predictions.csv")
-        tracked.log_frame(group_metrics(table), "predictions/group_metrics.csv")
+    if config.tracking.log_predictions and tracked.enabled:
+        tracked.log_frame(table(), "predictions/predictions.csv")
+        tracked.log_frame(group_metrics(table()), "predictions/group_metrics.csv")
     tracked.log_frame(coefficients_frame(fit), "model/coefficients.csv")
-    if config.tracking.log_plots:
-        log_run_plots(tracked, config, fit, table, metrics, report, prepared.limit)
+    if config.tracking.log_plots and tracked.enabled:
+        log_run_plots(tracked, config, fit, table(), metrics, report, prepared.limit)
     if config.tracking.log_model and tracked.enabled:
         from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import pandas as pd
 import torch
@@ -15,7 +15,8 @@ from tamrun.solve.stats import FitStats
 @dataclass
 class RunResult:
     """What one run produced. ``coef`` is (G, D) in group order ``groups`` (adaptive: (K, G, D), one
-    per refit); ``run_id`` is the MLflow run's (None without tracking)."""
+    per refit); ``run_id`` is the MLflow run's (None without tracking); ``table`` builds the
+    predictions table (a run that records none never holds one)."""
 
     run_id: Optional[str]
     route: str
@@ -23,6 +24,11 @@ class RunResult:
     groups: list
     coef: torch.Tensor
     metrics: Dict[str, float]
-    predictions: pd.DataFrame
+    table: Callable[[], pd.DataFrame]
     plan: Plan
     stats: FitStats
+
+    @property
+    def predictions(self) -> pd.DataFrame:
+        """The predictions table (date, group, split, actual, predicted), built on first use."""
+        return self.table()

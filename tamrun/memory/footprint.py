@@ -190,17 +190,29 @@ def problem_size(n_groups: int, n_rows: int, design: "AdditiveDesign", itemsize:
                        kernel_build=kernel_build)
 
 
-# ---- what a run keeps after its fit --------------------------------------------------------------
-# The predictions table of every scored row (date, group, split, actual, predicted: 5 columns of 8
-# bytes) is built per split, concatenated and sorted (3 copies at its peak); its CSV is written from
-# it in pandas' blocks. Reserved out of the real limit's free memory before the chunks are chosen.
+# ---- what a run records after its fit ------------------------------------------------------------
+# Host memory the recording allocates above the planning baseline, reserved out of the real limit's
+# free memory before the chunks are chosen (`recording_bytes`; measured on the national table with
+# memory.limit=5MiB, `python -m tamrun.bench.rss`):
+#   the predictions table of every scored row (date, group, split, actual, predicted: 5 columns of 8
+#     bytes), built per split, concatenated and sorted: 3 copies at its peak; built only when its CSV
+#     or the plots are logged
+#   the plots (figures, their Agg canvases and PNG encodings): PLOTS_BYTES (measured 12.4 MiB)
+#   the pyfunc model (its files, signature and input example): MODEL_BYTES (measured 3.3 MiB)
 RESULT_COLUMNS = 5
 RESULT_COPIES = 3
+PLOTS_BYTES = 24 * 2**20
+MODEL_BYTES = 8 * 2**20
 
 
 def results_bytes(n_scored_rows: int) -> int:
     """Bytes of the run's predictions table at its peak: rows x 5 columns x 8 bytes x 3 copies."""
     return n_scored_rows * RESULT_COLUMNS * 8 * RESULT_COPIES
+
+
+def recording_bytes(n_scored_rows: int, table: bool, plots: bool, model: bool) -> int:
+    """Bytes the recording adds after the fit: the predictions table (``table``), the plots, the model."""
+    return (results_bytes(n_scored_rows) if table else 0) + (PLOTS_BYTES if plots else 0) + (MODEL_BYTES if model else 0)
 
 
 # ---- the unplanned data phase --------------------------------------------------------------------
@@ -209,12 +221,14 @@ def results_bytes(n_scored_rows: int) -> int:
 #   join    the blocks read: their concatenation and the copy sorted by (date, group)
 #   check   the table: derived columns, NaN masks, the NaN policy's copy
 #   split   the table: the splits and the constant-column checks
-#   batch   the training table: the (G, N, F) tensors and their staging
-#   design  the training batch's features: ranges, levels, forests' bins and their temporaries
-# Measured per step (RSS high-water mark, national table): 1.0-1.3 copies (check, split), 2.5 (batch),
-# 3.4-3.9 (design); rounded up. A step is refused (exit 2) when it would not fit under the binding real
+#   batch   the training table: the (G, N, F) tensors, filled one column at a time
+#   design  the widest effect's c columns of the training batch and one more, (G, N, c + 1): the design
+#           is fitted one effect at a time on its raw and scaled columns and their real rows (4 copies
+#           of c columns), after the ranges (two (G, N) temporaries)
+# Measured per step (RSS high-water mark, national table): 1.0-1.3 copies (check, split), 0.5-0.7
+# (batch), 3.5-3.6 (design); rounded up. A step is refused (exit 2) when it would not fit under the binding real
 # limit; memory.safety_margin covers steps smaller than itself (`tamrun.memory.guard.require_room`).
-DATA_STEP_COPIES = {"read": 3.0, "join": 2.0, "check": 2.0, "split": 2.0, "batch": 3.0, "design": 5.0}
+DATA_STEP_COPIES = {"read": 3.0, "join": 2.0, "check": 1.5, "split": 1.5, "batch": 1.5, "design": 5.0}
 
 
 def data_step_bytes(step: str, nbytes: int) -> int:

@@ -1,12 +1,12 @@
 """The memory limits this process lives under, and the bytes it has left below the tightest one.
 
-    left_l = size_l - used_l - memory.safety_margin,        left = min_l left_l  (the binding limit)
+    left_l = size_l - used_l - memory.safety_margin - recording,   left = min_l left_l  (the binding limit)
 
     limit l                                   size_l                        used_l
     cgroup (SLURM --mem, docker --memory)     v2 memory.max, v1 memory.     the cgroup's usage (memory.current,
       its own cgroup and every ancestor       limit_in_bytes ("max" or      memory.usage_in_bytes) less the
-      up to the mount root                    >= 2^62: none)                reclaimable cache: inactive file
-                                                                            pages not mapped (memory.stat)
+      up to the mount root                    >= 2^62: none)                reclaimable cache: clean unmapped
+                                                                            file pages (memory.stat)
     RLIMIT_AS (ulimit -v)                     resource.getrlimit            VmSize (/proc/self/status)
     RLIMIT_DATA (ulimit -d)                   resource.getrlimit            VmData (what the kernel counts)
     available RAM                             psutil's available            0 (already net of every process)
@@ -14,6 +14,8 @@
 Mapped file pages (the code and data of the loaded libraries: 120 MiB of torch's when the page cache
 was cold and the cgroup was charged for them) count as used even when inactive: the kernel can evict
 them only for them to fault straight back in, and a cgroup that relies on that reclaim is killed.
+Dirty and writeback pages count as used until they reach the disk; the other file pages, active or
+not (the data file just read, the tracking store just written), are reclaimable.
 
 The cgroup is found from /proc/self/cgroup and /proc/self/mountinfo (the usual /sys/fs/cgroup paths
 otherwise). The parsing functions take the files' paths, so tests run them on fake files. The CPU
@@ -58,31 +60,35 @@ HARD = ("cgroup", "RLIMIT_AS", "RLIMIT_DATA", "memory.limit")
 
 @dataclass(frozen=True)
 class Limit:
-    """One limit: ``size`` bytes of which ``used`` are taken; ``left`` keeps ``margin`` bytes free."""
+    """One limit: ``size`` bytes of which ``used`` are taken; ``left`` keeps ``margin`` bytes free
+    (memory.safety_margin) and ``reserve`` bytes for what the run records after its fit
+    (`tamrun.memory.footprint.recording_bytes`)."""
 
     name: str  # a key of WHAT: "cgroup", "RLIMIT_AS", "RLIMIT_DATA", "available RAM", "memory.limit", ...
     size: int
     used: int
     where: str = ""  # the file or call it was read from
     margin: int = 0
+    reserve: int = 0
 
     @property
     def left(self) -> int:
-        """size - used - margin, at least 0."""
-        return max(0, self.size - self.used - self.margin)
+        """size - used - margin - reserve, at least 0."""
+        return max(0, self.size - self.used - self.margin - self.reserve)
 
     def need(self, working: int) -> int:
-        """The size this limit must have for ``working`` more bytes: used + margin + working."""
-        return self.used + self.margin + working
+        """The size this limit must have for ``working`` more bytes: used + margin + reserve + working."""
+        return self.used + self.margin + self.reserve + working
 
     def describe(self) -> str:
-        """E.g. "the cgroup limit of 600.00 MiB (/sys/fs/cgroup/memory/job; 250.00 MiB in use, 64.00 MiB
-        safety margin: 286.00 MiB left)"."""
+        """E.g. "the cgroup limit of 600.00 MiB (/sys/fs/cgroup/memory/job; 250.00 MiB in use, 16.00 MiB
+        safety margin, 30.00 MiB for the recording: 304.00 MiB left)"."""
         text = f"{WHAT.get(self.name, self.name)} of {format_size(self.size)}"
-        if not (self.where or self.used or self.margin):
+        if not (self.where or self.used or self.margin or self.reserve):
             return text
         where = f"{self.where}; " if self.where else ""
-        return (f"{text} ({where}{format_size(self.used)} in use, {format_size(self.margin)} safety margin: "
+        reserve = f", {format_size(self.reserve)} for the recording" if self.reserve else ""
+        return (f"{text} ({where}{format_size(self.used)} in use, {format_size(self.margin)} safety margin{reserve}: "
                 f"{format_size(self.left)} left)")
 
     def fix(self, working: int) -> str:
@@ -175,8 +181,8 @@ def cgroup_dirs(proc_cgroup: Path, mountinfo: Path) -> List[Tuple[str, Path, Pat
 
 
 def cgroup_level(version: str, directory: Path) -> Optional[Limit]:
-    """One cgroup directory's limit and working set: usage less the reclaimable cache (inactive file
-    pages less the mapped ones, `reclaimable_cache`); None: no limit."""
+    """One cgroup directory's limit and working set: usage less the reclaimable cache (clean unmapped
+    file pages, `reclaimable_cache`); None: no limit."""
     files = {"v1": ("memory.limit_in_bytes", "memory.usage_in_bytes"), "v2": ("memory.max", "memory.current")}[version]
     size = read_size(directory / files[0])
     usage = read_size(directory / files[1])
@@ -186,11 +192,20 @@ def cgroup_level(version: str, directory: Path) -> Optional[Limit]:
                  str(directory))
 
 
+# memory.stat keys per cgroup version: the file LRU lists, and the file pages that cannot be dropped now
+STAT_KEYS = {
+    "v1": {"file": ("total_active_file", "total_inactive_file"),
+           "kept": ("total_mapped_file", "total_dirty", "total_writeback")},
+    "v2": {"file": ("active_file", "inactive_file"), "kept": ("file_mapped", "file_dirty", "file_writeback")},
+}
+
+
 def reclaimable_cache(version: str, stat: Dict[str, int]) -> int:
-    """Bytes of a cgroup's page cache the kernel can drop for good: its inactive file pages less its
-    mapped file pages (an upper bound on the mapped ones among the inactive, so never over-counted)."""
-    inactive, mapped = {"v1": ("total_inactive_file", "total_mapped_file"), "v2": ("inactive_file", "file_mapped")}[version]
-    return max(0, stat.get(inactive, 0) - stat.get(mapped, 0))
+    """Bytes of a cgroup's page cache the kernel can drop for good: its file pages (active and inactive:
+    reclaim deactivates the active ones) less the mapped ones (they would fault straight back in) and the
+    dirty and writeback ones (they must reach the disk first)."""
+    keys = STAT_KEYS[version]
+    return max(0, sum(stat.get(key, 0) for key in keys["file"]) - sum(stat.get(key, 0) for key in keys["kept"]))
 
 
 def cgroup_limit(proc_cgroup: Path = Path("/proc/self/cgroup"), mountinfo: Path = Path("/proc/self/mountinfo"),
@@ -221,15 +236,16 @@ def rlimit_limits(status: Path = Path("/proc/self/status"),
     return out
 
 
-def process_limits(margin: int = 0) -> List[Limit]:
-    """Every limit this process lives under now (available RAM always), each keeping ``margin`` free."""
+def process_limits(margin: int = 0, reserve: int = 0) -> List[Limit]:
+    """Every limit this process lives under now (available RAM always), each keeping ``margin`` and
+    ``reserve`` free (`Limit`)."""
     vm = psutil.virtual_memory()
     limits = [Limit("available RAM", int(vm.available), 0, "psutil")]
     cgroup = cgroup_limit()
     limits += ([cgroup] if cgroup is not None else []) + rlimit_limits()
-    return [Limit(limit.name, limit.size, limit.used, limit.where, margin) for limit in limits]
+    return [Limit(limit.name, limit.size, limit.used, limit.where, margin, reserve) for limit in limits]
 
 
-def binding_limit(margin: int = 0) -> Limit:
+def binding_limit(margin: int = 0, reserve: int = 0) -> Limit:
     """The limit with the least left (ties: the first of available RAM, cgroup, RLIMIT_AS, RLIMIT_DATA)."""
-    return min(process_limits(margin), key=lambda limit: limit.left)
+    return min(process_limits(margin, reserve), key=lambda limit: limit.left)
