@@ -150,7 +150,7 @@ def test_the_oracle_names_the_binding_limit():
     cgroup = Limit("cgroup", 600 * MiB, 250 * MiB, "/sys/fs/cgroup/memory/job", margin=64 * MiB)
     plan = oracle.plan(small_problem(), cgroup.left, bound=cgroup)
     assert plan.bound_by == "cgroup" and plan.hard_bound and "bound by the cgroup limit of 600.00 MiB" in plan.describe()
-    assert plan.budget == int(0.7 * cgroup.left)
+    assert plan.budget == int(MemoryConfig().chunk_fraction_cpu * cgroup.left)
     # memory.limit binds when it leaves less than the cgroup
     capped = MemoryOracle(MemoryConfig(), limit=10 * MiB, on_gpu=False).plan(small_problem(), cgroup.left, bound=cgroup)
     assert capped.bound_by == "memory.limit"

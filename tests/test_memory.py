@@ -179,7 +179,7 @@ def test_every_plan_stays_inside_its_budget(limit):
         assert plan.fit.bytes <= plan.budget and plan.predict.bytes <= plan.budget
         assert plan.predicted_peak == max(plan.fit.bytes, plan.predict.bytes)
         if limit is not None:
-            assert plan.budget == int(0.7 * limit)
+            assert plan.budget == int(MemoryConfig().chunk_fraction_cpu * limit)
 
 
 @pytest.mark.parametrize("error", [

@@ -186,9 +186,11 @@ class MemoryConfig:
     dense_fraction: float = 0.9
     # ... and D <= this; otherwise matrix-free CG.
     max_dense_dim: int = 7500
-    # Budget of a static data chunk on a GPU / on the CPU.
+    # Budget of a static data chunk on a GPU / on the CPU. The CPU's leaves room for what its C
+    # allocator holds beyond the live tensors (freed blocks, its arenas): the resident set grew up to
+    # 1.6x the planned chunk bytes on the forest presets (docs/memory.md).
     chunk_fraction_gpu: float = 0.9
-    chunk_fraction_cpu: float = 0.7
+    chunk_fraction_cpu: float = 0.5
     # Budget of a sliding-window batch (mode=adaptive) on a GPU / on the CPU.
     window_fraction_gpu: float = 0.8
     window_fraction_cpu: float = 0.6

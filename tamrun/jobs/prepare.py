@@ -18,6 +18,7 @@ from tamrun.data.batch import GroupedBatch
 from tamrun.data.load import frame_bytes
 from tamrun.device import DeviceManager
 from tamrun.fitted import prediction_batch
+from tamrun.memory.host import release_freed_host_memory
 from tamrun.memory.guard import ChunkLoop, HostRoomWatch, OomLog, ProgressCallback, no_progress, oom_settings
 from tamrun.memory.meter import TensorMeter
 from tamrun.memory.oracle import Plan
@@ -54,7 +55,7 @@ class Prepared:
         """A guarded chunk loop of this run (memory.oom settings, its OOM log, the memory timeline),
         charged to ``tracker`` (default: the run's)."""
         return ChunkLoop(oom_settings(self.config.memory.oom), self.oom_log, tracker or self.tracker,
-                         self.devices.empty_cache, self.recorder.snapshot, progress)
+                         self.devices.empty_cache, self.recorder.snapshot, progress, release_freed_host_memory)
 
 
 def import_recording_libraries(config: Config) -> None:

@@ -240,13 +240,14 @@ class ChunkLoop:
         free_memory: empties the device's cache after an OOM.
         snapshot: called with a label after each chunk (the memory timeline).
         progress: called with (phase, done, total) after each chunk.
+        release: called after each chunk to return its freed host memory (`release_freed_host_memory`).
     """
 
     def __init__(self, policy: OomConfig, oom_log: OomLog, tracker: MemoryTracker,
                  free_memory: Callable[[], None] = lambda: None, snapshot: Callable[[str], None] = no_snapshot,
-                 progress: ProgressCallback = no_progress) -> None:
+                 progress: ProgressCallback = no_progress, release: Callable[[], None] = lambda: None) -> None:
         self.policy, self.oom_log, self.tracker = policy, oom_log, tracker
-        self.free_memory, self.snapshot, self.progress = free_memory, snapshot, progress
+        self.free_memory, self.snapshot, self.progress, self.release = free_memory, snapshot, progress, release
         self.learned: Dict[str, int] = {}  # phase -> the chunk size an OOM taught
 
     def run(self, step: Callable[[int, int], None], total: int, chunk: int, phase: str, cost: ChunkCost,
@@ -260,6 +261,7 @@ class ChunkLoop:
                 take = min(size, total - start)
                 with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{phase} of {take} {unit}"):
                     step(start, take)
+                self.release()
                 self.snapshot(f"{phase} {unit} {start}..{start + take - 1}")
                 self.progress(phase, start + take, total)
                 return take, size
