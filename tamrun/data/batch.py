@@ -65,9 +65,9 @@ def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group:
     at = (torch.from_numpy(g_sorted), torch.from_numpy(pos))
     x = torch.zeros((len(groups), n_max, len(columns)), dtype=dtype)
     for i, column in enumerate(columns):  # one column at a time: two (rows,) float64 temporaries at the peak
-        x[at + (i,)] = padded_values(frame, column, rows, dtype)
+        x[at + (i,)] = column_values(frame, column, rows, dtype)
     y = torch.zeros((len(groups), n_max), dtype=dtype)
-    y[at] = padded_values(frame, target, rows, dtype)
+    y[at] = column_values(frame, target, rows, dtype)
     weight = torch.zeros((len(groups), n_max), dtype=dtype)
     weight[at] = 1.0
     row_index = np.full((len(groups), n_max), -1, dtype=np.int64)
@@ -75,24 +75,23 @@ def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group:
     return GroupedBatch(list(groups), list(columns), x, y, weight, row_index)
 
 
-def padded_values(frame: pd.DataFrame, column: str, rows: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def column_values(frame: pd.DataFrame, column: str, rows: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """``frame[column]`` in the order ``rows`` as a ``dtype`` tensor, checked against its range first
     (`check_range`)."""
     values = frame[column].to_numpy(dtype=np.float64)
-    check_range({column: values}, dtype)
+    check_range(column, values, dtype)
     return torch.from_numpy(values[rows]).to(dtype)
 
 
-def check_range(columns: dict, dtype: torch.dtype) -> None:
-    """`DataError` naming the dtype when a column's values (float64 arrays) exceed what ``dtype`` holds
-    (they would turn infinite in the cast)."""
+def check_range(column: str, values: np.ndarray, dtype: torch.dtype) -> None:
+    """`DataError` naming the dtype when a column's values (float64) exceed what ``dtype`` holds (they
+    would turn infinite in the cast)."""
     largest = torch.finfo(dtype).max
-    for name, values in columns.items():
-        peak = float(np.max(np.abs(values))) if values.size else 0.0
-        if peak > largest:
-            kind = str(dtype).replace("torch.", "")
-            raise DataError("dtype", kind, f"column {name!r} reaches {peak:.3g}, beyond {kind}'s range "
-                            f"({largest:.3g})", "use dtype=float64, or rescale the column")
+    peak = float(np.max(np.abs(values))) if values.size else 0.0
+    if peak > largest:
+        kind = str(dtype).replace("torch.", "")
+        raise DataError("dtype", kind, f"column {column!r} reaches {peak:.3g}, beyond {kind}'s range "
+                        f"({largest:.3g})", "use dtype=float64, or rescale the column")
 
 
 @dataclass
