@@ -29,6 +29,13 @@ log = logging.getLogger(__name__)
 class TensorMeter(TorchDispatchMode):
     """``with TensorMeter() as meter: ...`` then ``meter.peak`` (bytes); ``meter.live`` is current."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would otherwise wrap `__torch_dispatch__` in ``torch._dynamo.disable``, whose
+        first call imports torch._dynamo (about 68 MiB and a second or more); tamrun never compiles,
+        so there is nothing for dynamo to skip. (TorchDispatchMode's documented opt-out.)"""
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self._storages: Dict[Tuple[str, int], Tuple[StorageWeakRef, int]] = {}
@@ -64,8 +71,8 @@ class TensorMeter(TorchDispatchMode):
 
     @classmethod
     def warm_up(cls) -> bool:
-        """Enter and leave a meter once: the first dispatch mode imports torch._dynamo (about a
-        second and tens of MiB), which should not be charged to the first metered phase. Never
+        """Enter and leave a meter once, so that whatever a first dispatch mode loads is not charged
+        to the first metered phase (torch._dynamo is not: see `_should_skip_dynamo`). Never
         fails the run: out of memory here (a MemoryError or an allocator's RuntimeError, e.g. under
         ``ulimit -v``) is logged and False returned, the run then goes unmetered."""
         try:
