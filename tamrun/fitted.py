@@ -12,7 +12,7 @@ multiplied and dropped), optionally through a guarded `ChunkLoop` (tracker, OOM 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 import numpy as np
 import pandas as pd
@@ -95,6 +95,14 @@ class FittedModel:
         any), then the effects' columns."""
         group = self.recipe.group
         return ([group] if group else []) + [c for c in self.design.columns if c != group]
+
+    def raw_columns(self, available: Iterable[str]) -> List[str]:
+        """The columns of a raw table (the data's own columns, ``available``) the model reads: the group
+        column, then each effect's column or, for a derived one, what it is computed from
+        (`DataRecipe.sources`); each once, in that order."""
+        available = list(available)
+        raw = [source for column in self.input_columns for source in self.recipe.sources(column, available)]
+        return list(dict.fromkeys(raw))
 
     def batch(self, frame: pd.DataFrame) -> GroupedBatch:
         """Rows of ``frame`` as a batch of the fitted groups (`prediction_batch`)."""

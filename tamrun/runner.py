@@ -7,8 +7,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -23,10 +21,13 @@ from tamrun.errors import TamrunError
 from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
+from tamrun.jobs.record import record_inputs
 from tamrun.jobs.result import RunResult
 from tamrun.memory.guard import unplanned_oom_refused
 from tamrun.pipeline import DTYPES
 from tamrun.tracking.mlflow_run import TrackedRun
+from tamrun.tracking.params import experiment_params
+from tamrun.tracking.source import source_tags
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +36,6 @@ TRACKED_JOBS: Dict[ModeName, Callable[[Prepared, TrackedRun], RunResult]] = {
     ModeName.run: fit_job,
     ModeName.adaptive: adaptive_job,
 }
-
-
-def git_commit() -> Optional[str]:
-    """The checkout's HEAD commit when tamrun runs from a git clone, else None."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tamrun.__file__).parent, capture_output=True,
-                             text=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None) -> RunResult:
@@ -69,7 +60,9 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
             tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
             with unplanned_oom_refused(config.memory.safety_margin_bytes):
-                result = TRACKED_JOBS[config.mode.name](prepare(config, specs, devices), tracked)
+                prepared = prepare(config, specs, devices)
+                record_inputs(tracked, prepared)
+                result = TRACKED_JOBS[config.mode.name](prepared, tracked)
         except TamrunError as error:
             error.run_id = tracked.run_id  # the run this error ends FAILED
             raise
@@ -78,18 +71,16 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
 
 
 def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
-    """The run's tags: tamrun's version, the model and data names, the git commit, and ``extra``."""
-    tags = {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name,
-            **(extra or {})}
-    commit = git_commit()
-    if commit:
-        tags["git_commit"] = commit
-    return tags
+    """The run's tags: tamrun's version, the model and data names, MLflow's source and user tags
+    (`tamrun.tracking.source`), and ``extra``."""
+    return {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name,
+            **source_tags(), **(extra or {})}
 
 
 def log_config(tracked: TrackedRun, cfg: Any, overrides: Optional[List[str]]) -> None:
-    """The resolved config as params and as config/resolved.yaml, and the command line's overrides."""
-    tracked.log_params(resolved_container(cfg))
+    """The experiment's settings as params (`tamrun.tracking.params.experiment_params`), the whole
+    resolved config as config/resolved.yaml, and the command line's overrides."""
+    tracked.log_params(experiment_params(resolved_container(cfg), resolved_container(Config())))
     resolved_yaml = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg), resolve=True)
     tracked.log_text(resolved_yaml, "config/resolved.yaml")
     tracked.log_text("\n".join(overrides or []) + "\n", "config/overrides.txt")

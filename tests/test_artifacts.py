@@ -46,8 +46,10 @@ def cg_run(tmp_path_factory):
 
 def test_the_pyfunc_model_predicts_what_the_run_predicted(cg_run):
     result, cfg, store, folder = cg_run
-    local = MlflowClient(tracking_uri=store).download_artifacts(result.run_id, "model/pyfunc", str(folder))
-    loaded = mlflow.pyfunc.load_model(local)
+    client = MlflowClient(tracking_uri=store)
+    logged = client.search_logged_models([client.get_run(result.run_id).info.experiment_id])
+    assert [m.source_run_id for m in logged] == [result.run_id] and logged[0].status.name == "READY"
+    loaded = mlflow.pyfunc.load_model(logged[0].artifact_location)
     assert loaded.metadata.get_input_schema().input_names() == ["g", "x", "dow"]
     assert loaded.metadata.saved_input_example_info is not None
     config, specs = typed_config(cfg)

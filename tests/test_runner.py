@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -43,7 +44,16 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     params = logged.data.params
     assert params["model.name"] == model and params["route"] == "direct"
     assert params["D"] == str(result.width) and params["data.group"] == "tod"
-    assert {"chunk_groups", "chunk_rows", "model.effects.toy.ap", "memory.dense_fraction", "dtype"} <= set(params)
+    # params are the experiment's settings: the preset's effects and the axes of every comparison, not the
+    # schema's untouched defaults, the tracking settings, other modes' settings or the plan's outcomes
+    assert {"model.effects.toy.ap", "dtype", "solver.name", "split.test_start", "data.name"} <= set(params)
+    assert not {"memory.dense_fraction", "tracking.uri", "adaptive.window", "route_reason", "chunk_groups",
+                "progress"} & set(params), sorted(params)
+    assert logged.data.tags["route_reason"].startswith("D=")
+    inputs = {i.tags[0].value: i.dataset for i in logged.inputs.dataset_inputs}  # context -> dataset
+    assert set(inputs) == {"training", "testing"} and inputs["testing"].name == "national"
+    assert json.loads(inputs["testing"].profile)["num_rows"] == 17_568 and inputs["testing"].digest != inputs["training"].digest
+    assert json.loads(inputs["training"].source)["uri"].endswith("force_national.csv.gz")
     assert params["memory_bound_by"] == result.plan.bound_by  # the limit the plan fitted under (no cgroup here:
     assert result.plan.bound_by in ("available RAM", "cgroup", "RLIMIT_AS", "RLIMIT_DATA")  # the RAM, typically)
     metrics = logged.data.metrics
@@ -54,11 +64,11 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     assert metrics["rmse_test"] == pytest.approx(result.metrics["rmse_test"], rel=1e-12)
     assert metrics["oom_retries"] == 0 and metrics["peak_memory_bytes"] > 0
     tags = logged.data.tags
-    assert tags["tamrun_version"] and tags["device"].startswith("cpu")
+    assert tags["tamrun_version"] and tags["device"].startswith("cpu") and tags["mlflow.source.name"] == "python -m tamrun"
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tamrun.__file__).parent, capture_output=True,
                           text=True) if shutil.which("git") else None
     if head is not None and head.returncode == 0:  # running from a git checkout
-        assert tags["git_commit"] == head.stdout.strip()
+        assert tags["mlflow.source.git.commit"] == head.stdout.strip()
     paths = artifact_paths(client, result.run_id)
     assert {"config/resolved.yaml", "config/overrides.txt", "predictions/predictions.csv",
             "plots/forecast.png", "model/coefficients.csv", "memory/report.json", "memory/report.txt",

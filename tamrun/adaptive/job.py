@@ -172,8 +172,8 @@ def _record(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, metric
             steps: Dict[str, list], window_plan: WindowPlan, static: Fit, fitted: WindowFit) -> None:
     """Log the adaptive run: params, metrics, stepped metrics, the window plan, predictions, plot."""
     config, recorder, oom_log = prepared.config, prepared.recorder, prepared.oom_log
-    tracked.log_params({"route": window_plan.plan.route, "route_reason": window_plan.plan.reason,
-                        "D": static.model.design.width, "adaptive_updating": window_plan.updating,
+    tracked.set_tags({"route_reason": window_plan.plan.reason})
+    tracked.log_params({"route": window_plan.plan.route, "D": static.model.design.width, "adaptive_updating": window_plan.updating,
                         "adaptive_windows_per_batch": window_plan.windows,
                         "adaptive_groups_per_batch": window_plan.groups, "memory_bound_by": window_plan.plan.bound_by})
     tracked.log_metrics(metrics)

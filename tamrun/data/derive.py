@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import re
-from typing import Dict, Mapping, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 import pandas as pd
@@ -69,6 +69,19 @@ class DataRecipe:
     target: str
     group: Optional[str]
     origin: Optional[pd.Timestamp]
+
+    def sources(self, column: str, available: Iterable[str]) -> List[str]:
+        """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
+        index, an ``isin``'s column, the names an expression mentions that are in ``available``."""
+        spec = self.derived.get(column)
+        if spec is None:
+            return [column]
+        if spec.kind == "time_index":
+            return [self.date_column]
+        if spec.kind == "isin":
+            return [spec.column]
+        _, mentioned = derived_sources({column: spec})
+        return [name for name in available if name in mentioned]
 
     def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
         """``frame`` with the derived columns it lacks (a copy when any is added)."""

@@ -7,11 +7,13 @@ from typing import Callable, Dict
 
 import pandas as pd
 
+from tamrun.data.load import table_path
 from tamrun.effects.design import describe
 from tamrun.evaluate import group_metrics
 from tamrun.jobs.prepare import Prepared
 from tamrun.memory.report import memory_report, report_text
 from tamrun.pipeline import Fit
+from tamrun.tracking.datasets import dataset_inputs
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.run_plots import log_run_plots
 
@@ -23,17 +25,24 @@ def coefficients_frame(fit: Fit) -> pd.DataFrame:
     return pd.DataFrame(model.coef.numpy(), index=pd.Index(model.groups, name="group"), columns=columns).reset_index()
 
 
+def record_inputs(tracked: TrackedRun, prepared: Prepared) -> None:
+    """The run's splits as MLflow dataset inputs (`tamrun.tracking.datasets`)."""
+    if not tracked.enabled:
+        return
+    data, splits = prepared.config.data, prepared.splits
+    frames = {"train": splits.train, "validation": splits.validation, "test": splits.test}
+    tracked.log_inputs(dataset_inputs(data.name, table_path(data), frames, data.date_column))
+
+
 def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callable[[], pd.DataFrame],
                metrics: Dict[str, float]) -> None:
     """Log everything a fitted run produced (a no-op for every call when tracking is off). ``table``
     builds the predictions table, called only when the CSV or the plots are logged."""
     config, plan, stats = prepared.config, fit.plan, fit.stats
-    tracked.log_params({"route": plan.route, "route_reason": plan.reason, "D": fit.model.design.width,
-                        "n_groups": len(fit.model.groups), "chunk_groups": stats.group_chunk,
-                        "chunk_rows": plan.fit.rows, "predict_chunk_groups": plan.predict.groups,
-                        "predict_chunk_rows": plan.predict.rows, "cg_cache_design": plan.cache_design,
+    tracked.log_params({"route": plan.route, "D": fit.model.design.width, "n_groups": len(fit.model.groups),
                         "memory_bound_by": plan.bound_by})
-    tracked.log_metrics(metrics)
+    tracked.set_tags({"route_reason": plan.reason, "cg_cache_design": plan.cache_design})
+    tracked.log_metrics({**metrics, "predict_chunk_groups": plan.predict.groups, "predict_chunk_rows": plan.predict.rows})
     if stats.cg_history:
         tracked.log_metric_history("cg_residual", stats.cg_history)
     report = memory_report(plan, prepared.recorder, prepared.oom_log, prepared.limit, prepared.tracker.peak)
@@ -49,4 +58,4 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callabl
     if config.tracking.log_model and tracked.enabled:
         from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
 
-        log_pyfunc_model(tracked.log_dir, fit.model, prepared.splits.test)
+        log_pyfunc_model(tracked, fit.model, prepared.splits.test)

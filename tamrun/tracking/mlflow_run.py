@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from tamrun.config.schema import TrackingConfig
 from tamrun.tracking.params import to_params
@@ -187,6 +187,11 @@ class TrackedRun:
         batch = [Metric(name, float(v), now, i) for i, v in enumerate(values)]
         for start in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
+
+    def log_inputs(self, inputs: List[Any]) -> None:
+        """MLflow ``DatasetInput``s (`tamrun.tracking.datasets.dataset_inputs`)."""
+        if self.enabled and inputs:
+            self.client.log_inputs(self.run_id, datasets=inputs)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled:

@@ -1,4 +1,15 @@
-"""Flatten a nested config into MLflow parameters."""
+"""MLflow parameters of a run: the knobs a user set or a preset chose, flattened.
+
+A run's params are what tells two runs apart in the MLflow UI, so they hold the experiment's settings
+only (`experiment_params`):
+
+- a setting whose value differs from the schema's default (`tamrun.config.schema.Config`): set on
+  the command line or by a preset (``model/*.yaml``, ``data/*.yaml``, an experiment);
+- the settings every comparison needs (`ALWAYS`: the model, the data, the mode, the solver, the
+  dtype, the device asked for and the split's dates), even at their defaults;
+- nothing about where and how the run is recorded (`NEVER`: ``tracking.*``, ``progress``) and, in
+  ``mode=run``, nothing of the other modes (``adaptive.*``); null settings are left out.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +19,14 @@ from typing import Any, Dict, Mapping
 # MLflow's limits on a parameter's key and value (mlflow.utils.validation).
 MAX_PARAM_VALUE = 6000
 MAX_PARAM_KEY = 250
+# Logged whatever their value: the axes every comparison of runs needs.
+ALWAYS = ("model.name", "data.name", "data.target", "data.group", "mode.name", "solver.name", "dtype", "hw.device",
+          "split.train_start", "split.train_end", "split.validation_start", "split.validation_end", "split.test_start",
+          "split.test_end")
+# Never logged as params: where and how the run is recorded, not what it computes.
+NEVER = ("tracking.", "progress", "hydra.")
+# Config sections of one mode only (mode name -> key prefix).
+MODE_SECTIONS = {"adaptive": "adaptive."}
 
 
 def flatten(tree: Any, prefix: str = "") -> Dict[str, Any]:
@@ -34,3 +53,18 @@ def as_param_value(value: Any) -> str:
 def to_params(tree: Any) -> Dict[str, str]:
     """Flattened, stringified parameters within MLflow's key and value limits."""
     return {key[:MAX_PARAM_KEY]: as_param_value(value) for key, value in flatten(tree).items()}
+
+
+def experiment_params(resolved: Mapping[str, Any], defaults: Mapping[str, Any]) -> Dict[str, Any]:
+    """The params of a run (see the module doc): ``resolved`` is its config and ``defaults`` the
+    schema's, both as plain nested containers; returns flat ``{key: value}``."""
+    flat, base = flatten(resolved), flatten(defaults)
+    mode = str(flat.get("mode.name", "run"))
+    skipped = NEVER + tuple(prefix for name, prefix in MODE_SECTIONS.items() if name != mode)
+    kept: Dict[str, Any] = {}
+    for key, value in flat.items():
+        if key.startswith(skipped):
+            continue
+        if key in ALWAYS or (value is not None and value != "{}" and (key not in base or base[key] != value)):
+            kept[key] = value
+    return kept

@@ -1,21 +1,28 @@
-"""The fitted model as an MLflow pyfunc: ``mlflow.pyfunc.load_model(uri).predict(frame)``.
+"""The fitted model as an MLflow 3 LoggedModel: ``mlflow.pyfunc.load_model("models:/<model_id>")``.
 
-The pyfunc holds one `tamrun.fitted.FittedModel` on the CPU (design with its per-group feature
-ranges and each effect's state, the (G, D) coefficients, the group order, the data recipe). Its
-input is a table with the group column and the columns the effects read (derived columns are
-computed by the recipe when absent); its output is one prediction per input row, in the input's
-order (`FittedModel.predict_values`).
+The model is logged as code (`tamrun.tracking.pyfunc_code`, MLflow's models-from-code: no object is
+cloudpickled) plus one artifact, the pickled `tamrun.fitted.FittedModel` on the CPU: the design with
+its per-group feature ranges and each effect's state, the (G, D) coefficients, the group order and
+the data recipe (derived columns, the time index's origin, the date, target and group columns).
+
+Its input is the user's raw table: the group column, the effects' columns that are read from the
+file, and what the derived columns are computed from (the date for a time index, an ``isin``'s
+column, the columns an expression names): `FittedModel.raw_columns`, which its signature lists.
+Its output is one prediction per input row, in the input's order (`FittedModel.predict_values`).
+The LoggedModel is linked to its run (the UI's Models column) and registered in one command:
+``mlflow.register_model("models:/<model_id>", "<name>")``.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import pickle
 import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import mlflow.pyfunc
 import numpy as np
@@ -27,41 +34,71 @@ from tamrun.fitted import FittedModel
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_PATH = "model/pyfunc"
+MODEL_NAME = "model"  # the LoggedModel's name (the run's artifacts keep their own folders)
+FITTED_ARTIFACT = "fitted"  # the pickled FittedModel, among the model's artifacts
+CODE_FILE = Path(__file__).with_name("pyfunc_code.py")
+EXAMPLE_ROWS = 5
 
 
 class TamPyfuncModel(mlflow.pyfunc.PythonModel):
-    """A fitted tamrun model behind MLflow's pyfunc interface."""
+    """A fitted tamrun model behind MLflow's pyfunc interface (its state read by `load_context`)."""
 
-    def __init__(self, fitted: FittedModel) -> None:
-        self.model = replace(fitted, design=copy.deepcopy(fitted.design).to(torch.device("cpu")),
-                             coef=fitted.coef.detach().cpu())
+    def __init__(self, fitted: Optional[FittedModel] = None) -> None:
+        self.model = fitted
 
-    @property
-    def input_columns(self) -> List[str]:
-        """The group column (if any), then the effects' columns."""
-        return self.model.input_columns
+    def load_context(self, context: Any) -> None:
+        with open(context.artifacts[FITTED_ARTIFACT], "rb") as file:
+            self.model = pickle.load(file)
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> np.ndarray:
         """One prediction per row of ``model_input`` (unseen groups or levels: `tamrun.errors.DataError`)."""
         return self.model.predict_values(model_input)
 
 
-def log_pyfunc_model(log_dir: Callable[[str, str], None], fitted: FittedModel, example: pd.DataFrame) -> None:
-    """Save the model with its signature and a 5-row input example, and log the folder with
-    ``log_dir(local_folder, artifact_path)`` at `ARTIFACT_PATH`."""
-    from mlflow.models import infer_signature
+def cpu_model(fitted: FittedModel) -> FittedModel:
+    """The fitted model with its design and coefficients on the CPU (the design copied only when it is
+    not there already: `AdditiveDesign.to` moves in place)."""
+    design = fitted.design
+    if fitted.coef.device.type != "cpu":
+        design = copy.deepcopy(design).to(torch.device("cpu"))
+    return replace(fitted, design=design, coef=fitted.coef.detach().cpu())
 
-    model = TamPyfuncModel(fitted)
-    sample = example[model.input_columns].head(5).reset_index(drop=True)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        # MLflow hints that integer columns (groups, levels) cannot hold missing values; the model
-        # refuses missing values anyway (tamrun.errors.DataError), so the hint only adds noise.
-        warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer", category=UserWarning)
-        signature = infer_signature(sample, model.predict(None, sample))
-        path = Path(tmp) / "pyfunc"
-        mlflow.pyfunc.save_model(str(path), python_model=model, signature=signature, input_example=sample,
-                                 pip_requirements=[f"tamrun=={tamrun.__version__}", f"torch=={torch.__version__.split('+')[0]}",
-                                                   f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}"])
-        log_dir(str(path), ARTIFACT_PATH)
-    log.info("model logged as an MLflow pyfunc at %s", ARTIFACT_PATH)
+
+def requirements() -> List[str]:
+    return [f"tamrun=={tamrun.__version__}", f"torch=={torch.__version__.split('+')[0]}",
+            f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}"]
+
+
+def log_pyfunc_model(tracked: Any, fitted: FittedModel, example: pd.DataFrame) -> str:
+    """Log ``fitted`` as a LoggedModel of ``tracked``'s run (a `TrackedRun`), its signature and input
+    example taken from the first rows of ``example`` (a table of the run's data); returns its id."""
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model, infer_signature
+
+    model = cpu_model(fitted)
+    sample = example[model.raw_columns(example.columns)].head(EXAMPLE_ROWS).reset_index(drop=True)
+    client = tracked.client
+    logged = client.create_logged_model(tracked.experiment_id, name=MODEL_NAME, source_run_id=tracked.run_id,
+                                        model_type="tamrun", tags={"tamrun_version": tamrun.__version__})
+    try:
+        client.log_outputs(tracked.run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            # MLflow hints that integer columns (groups, levels) cannot hold missing values; the model
+            # refuses missing values anyway (tamrun.errors.DataError), so the hint only adds noise.
+            warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer", category=UserWarning)
+            state = Path(tmp) / "fitted.pkl"
+            state.write_bytes(pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))
+            info = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=tracked.run_id,
+                         model_id=logged.model_id)
+            path = Path(tmp) / "model"
+            mlflow.pyfunc.save_model(str(path), python_model=str(CODE_FILE), artifacts={FITTED_ARTIFACT: str(state)},
+                                     signature=infer_signature(sample, model.predict_values(sample)),
+                                     input_example=sample, pip_requirements=requirements(), mlflow_model=info)
+            client.log_model_artifacts(logged.model_id, str(path))
+    except BaseException:
+        client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        raise
+    client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    log.info("model logged: models:/%s (mlflow.pyfunc.load_model; register it with "
+             "mlflow.register_model('models:/%s', '<name>'))", logged.model_id, logged.model_id)
+    return logged.model_id
