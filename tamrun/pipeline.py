@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Set, Tuple
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,7 @@ from tamrun.fitted import FittedModel, predict_rows
 from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
+from tamrun.solve.cg import CgCallback, no_cg_progress
 from tamrun.solve.dispatcher import Dispatcher
 from tamrun.solve.stats import FitStats
 
@@ -216,7 +217,7 @@ def check_coefficients(coef: torch.Tensor, groups: list, config: Config) -> None
 
 
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, loop: ChunkLoop,
-          recipe: DataRecipe, on_iteration: Optional[Callable[[int, float], None]] = None) -> Fit:
+          recipe: DataRecipe, on_iteration: CgCallback = no_cg_progress) -> Fit:
     """Fit every group's coefficients along the plan, each chunk through ``loop`` (``on_iteration``:
     CG progress)."""
     design = features.design.to(devices.device)

@@ -41,7 +41,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     predictions themselves."""
     config, recorder, metered = prepared.config, prepared.recorder, prepared.metered
     loop = prepared.chunk_loop(ChunkProgress(config.progress.value))
-    iterations = IterationProgress(config.solver.max_iter, config.progress.value)
+    iterations = IterationProgress(config.progress.value)
     with recorder.phase("solve", metered):
         fit = solve(config, prepared.features, prepared.plan, prepared.devices, loop, prepared.splits.recipe,
                     iterations)

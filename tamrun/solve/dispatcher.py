@@ -11,7 +11,7 @@ the chunk's report merges into the fit's `FitStats`.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -23,7 +23,7 @@ from tamrun.effects.design import AdditiveDesign
 from tamrun.memory.guard import ChunkLoop
 from tamrun.memory.oracle import Plan
 from tamrun.solve.assembly import CgSystem, normal_equations, solve_normal_equations, system_scale
-from tamrun.solve.cg import DEFAULT_TOL, conjugate_gradient
+from tamrun.solve.cg import DEFAULT_TOL, CgCallback, conjugate_gradient, no_cg_progress
 from tamrun.solve.dual import fit_dual
 from tamrun.solve.stats import FitStats, SolveStats
 
@@ -40,12 +40,12 @@ class Dispatcher:
         solver: solver settings (tolerance, iterations, preconditioner, jitter).
         loop: the guarded chunk loop (tracker, OOM guard, timeline, progress).
         initial: (G, D) coefficients CG starts from (solver.warm_start), None for zeros.
-        on_iteration: called by CG after each iteration with (iteration, worst residual).
+        on_iteration: CG's progress (`tamrun.solve.cg.CgProgress`: start, each iteration, end).
     """
 
     def __init__(self, design: AdditiveDesign, devices: DeviceManager, plan: Plan, solver: SolverConfig,
                  loop: ChunkLoop, initial: Optional[torch.Tensor] = None,
-                 on_iteration: Optional[Callable[[int, float], None]] = None) -> None:
+                 on_iteration: CgCallback = no_cg_progress) -> None:
         self.design, self.devices, self.plan, self.solver, self.loop = design, devices, plan, solver, loop
         self.initial = initial
         self.on_iteration = on_iteration
