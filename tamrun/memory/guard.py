@@ -10,7 +10,7 @@ OOM_SIZE_FACTOR, OOM_DELAY_MS and OOM_VERBOSE override the config.
 `ChunkLoop` is the one loop over chunks of units (groups, windows) that every fit, prediction and
 window batch runs through: each chunk is charged its planned footprint to the `MemoryTracker`,
 guarded by `retry_on_oom`, then reported to the memory timeline (a snapshot label) and to the
-progress callback ``(phase, done, total)``.
+progress callback ``(phase, done, total)`` (a step may report within its chunk: `ChunkLoop.report_within`).
 """
 
 from __future__ import annotations
@@ -271,3 +271,9 @@ class ChunkLoop:
             start += done
         self.learned[phase] = chunk
         return chunk
+
+    def report_within(self, phase: str, done: int, total: int) -> None:
+        """Progress from inside a chunk (a CG solve's converged groups), passed on while ``done`` is
+        below ``total``: the chunk's own report ends the phase."""
+        if done < total:
+            self.progress(phase, done, total)
