@@ -3,7 +3,7 @@
 Log lines look like
 
     fit/cg: 30/48 groups
-    CG: 65 iterations, residual 8.1e-07 / tol 1e-06, 48/48 groups converged
+    CG: 65 iterations, residual 8.10e-07 / tol 1e-06, 48/48 groups converged
 
 A CG solve has no total (it stops at the tolerance, not at solver.max_iter), so no ETA."""
 
@@ -96,7 +96,7 @@ class IterationProgress:
         if state.iteration == 0 and not state.final:  # a new solve (the next chunk of groups, or a retry)
             self.close()
             self.bar = Progress("CG", None, "iterations", self.mode)
-        self.note = (f"residual {state.residual:.1e} / tol {state.tol:g}, "
+        self.note = (f"residual {state.residual:.2e} / tol {state.tol:g}, "
                      f"{state.converged}/{state.groups} groups converged")
         if self.bar is not None:
             self.bar.update(state.iteration, self.note)

@@ -56,8 +56,8 @@ def test_progress_without_a_terminal_is_plain_log_lines(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert "fit/direct: 48/48 groups" in lines
     # each solve's last line is its own final state (not the next solve's first residual), with no total
-    assert lines[-2:] == ["CG: 2 iterations, residual 8.1e-07 / tol 1e-06, 48/48 groups converged",
-                          "CG: 2 iterations, residual 5.0e-07 / tol 1e-06, 48/48 groups converged"]
+    assert lines[-2:] == ["CG: 2 iterations, residual 8.10e-07 / tol 1e-06, 48/48 groups converged",
+                          "CG: 2 iterations, residual 5.00e-07 / tol 1e-06, 48/48 groups converged"]
     silent = ChunkProgress(mode="off")
     caplog.clear()
     silent("fit/direct", 4, 4)
@@ -75,6 +75,6 @@ def test_a_cg_solve_logs_its_iterations_and_worst_residual_against_the_tolerance
     assert bool(result.converged.all())
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CG:")]
     worst = float(result.relative_residual.max())
-    assert lines == [f"CG: {int(result.iterations.max())} iterations, residual {worst:.1e} / tol 1e-06, "
+    assert lines == [f"CG: {int(result.iterations.max())} iterations, residual {worst:.2e} / tol 1e-06, "
                      "4/4 groups converged"]
     assert worst <= 1e-6 and "/2000" not in caplog.text
