@@ -181,21 +181,22 @@ class Fit:
     device: torch.device
     loop: ChunkLoop
 
-    def predict(self, batch: GroupedBatch) -> torch.Tensor:
-        """Predictions (G, N) on the CPU in the plan's predict chunks, under the fit's guard."""
+    def predict(self, batch: GroupedBatch, split: str = "") -> torch.Tensor:
+        """Predictions (G, N) on the CPU in the plan's predict chunks, under the fit's guard; their
+        progress is named after ``split`` ("predict test")."""
         model, chunk = self.model, self.plan.predict
         return predict_rows(model.design, model.coef, batch.x, self.device, chunk.groups, chunk.rows, batch.weight,
-                            self.loop, self.plan.predict_cost)
+                            self.loop, self.plan.predict_cost, f"predict {split}".strip())
 
-    def predict_split(self, frame: pd.DataFrame) -> Tuple[GroupedBatch, torch.Tensor]:
-        """The rows of ``frame`` as a batch and their predictions (G, N)."""
+    def predict_split(self, frame: pd.DataFrame, split: str = "") -> Tuple[GroupedBatch, torch.Tensor]:
+        """The rows of ``frame`` (the split named ``split``) as a batch and their predictions (G, N)."""
         batch = self.model.batch(frame)
-        return batch, self.predict(batch)
+        return batch, self.predict(batch, split)
 
     def predict_frame(self, frame: pd.DataFrame, split: str) -> pd.DataFrame:
         """Predictions table (date, group, split, actual, predicted) for the rows of ``frame``."""
         recipe = self.model.recipe
-        return predictions_table(frame, *self.predict_split(frame), recipe.date_column, recipe.group, split)
+        return predictions_table(frame, *self.predict_split(frame, split), recipe.date_column, recipe.group, split)
 
 
 def numerical_fix(config: Config) -> str:

@@ -251,19 +251,21 @@ class ChunkLoop:
         self.learned: Dict[str, int] = {}  # phase -> the chunk size an OOM taught
 
     def run(self, step: Callable[[int, int], None], total: int, chunk: int, phase: str, cost: ChunkCost,
-            rows: int = 0, unit: str = "groups") -> int:
+            rows: int = 0, unit: str = "groups", label: str = "") -> int:
         """Run ``step`` over ``total`` units starting with chunks of ``chunk``, each charged
-        ``cost.bytes(size, rows, 1.0)``; returns the chunk size that was kept."""
+        ``cost.bytes(size, rows, 1.0)``; returns the chunk size that was kept. ``label`` names the
+        chunks in the progress and the timeline (default: ``phase``, which keys the learned chunk size)."""
         chunk = min(chunk, self.learned.get(phase, chunk))
+        label = label or phase
         start = 0
         while start < total:
             def attempt(size: int, start: int = start) -> Tuple[int, int]:
                 take = min(size, total - start)
-                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{phase} of {take} {unit}"):
+                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{label} of {take} {unit}"):
                     step(start, take)
                 self.release()
-                self.snapshot(f"{phase} {unit} {start}..{start + take - 1}")
-                self.progress(phase, start + take, total)
+                self.snapshot(f"{label} {unit} {start}..{start + take - 1}")
+                self.progress(label, start + take, total)
                 return take, size
 
             done, chunk = retry_on_oom(attempt, chunk, self.policy, phase, self.oom_log, free_memory=self.free_memory,
