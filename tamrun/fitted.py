@@ -30,11 +30,12 @@ from tamrun.solve.assembly import row_spans
 
 def predict_rows(design: AdditiveDesign, coef: torch.Tensor, x: torch.Tensor, device: torch.device,
                  group_chunk: int = 0, row_chunk: int = 0, weight: Optional[torch.Tensor] = None,
-                 loop: Optional[ChunkLoop] = None, cost: Optional[StepCost] = None) -> torch.Tensor:
+                 loop: Optional[ChunkLoop] = None, cost: Optional[StepCost] = None,
+                 label: str = "predict") -> torch.Tensor:
     """Phi(x_g) beta_g (G, N) on the CPU for raw features x (G, N, F) of the design's groups and
     coef (G, D); multiplied by ``weight`` (G, N) when given (0 on padding). ``group_chunk`` /
     ``row_chunk``: groups and rows per chunk (0: all). ``loop``: run the group chunks under the
-    guard, each charged ``cost`` (the plan's predict cost)."""
+    guard, each charged ``cost`` (the plan's predict cost), their progress named ``label``."""
     n_groups, n_rows = x.shape[:2]
     out = torch.zeros(n_groups, n_rows, dtype=x.dtype)
     rows = max(1, min(row_chunk or n_rows, n_rows))
@@ -52,7 +53,7 @@ def predict_rows(design: AdditiveDesign, coef: torch.Tensor, x: torch.Tensor, de
         for start, stop in row_spans(n_groups, group_chunk):
             step(start, stop - start)
     else:
-        loop.run(step, n_groups, group_chunk, "predict", cost or StepCost(0, 0), rows=rows)
+        loop.run(step, n_groups, group_chunk, "predict", cost or StepCost(0, 0), rows=rows, label=label)
     return out if weight is None else out.mul_(weight)
 
 

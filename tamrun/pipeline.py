@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Set, Tuple
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,7 @@ from tamrun.fitted import FittedModel, predict_rows
 from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
+from tamrun.solve.cg import CgCallback, no_cg_progress
 from tamrun.solve.dispatcher import Dispatcher
 from tamrun.solve.stats import FitStats
 
@@ -180,21 +181,22 @@ class Fit:
     device: torch.device
     loop: ChunkLoop
 
-    def predict(self, batch: GroupedBatch) -> torch.Tensor:
-        """Predictions (G, N) on the CPU in the plan's predict chunks, under the fit's guard."""
+    def predict(self, batch: GroupedBatch, split: str = "") -> torch.Tensor:
+        """Predictions (G, N) on the CPU in the plan's predict chunks, under the fit's guard; their
+        progress is named after ``split`` ("predict test")."""
         model, chunk = self.model, self.plan.predict
         return predict_rows(model.design, model.coef, batch.x, self.device, chunk.groups, chunk.rows, batch.weight,
-                            self.loop, self.plan.predict_cost)
+                            self.loop, self.plan.predict_cost, f"predict {split}".strip())
 
-    def predict_split(self, frame: pd.DataFrame) -> Tuple[GroupedBatch, torch.Tensor]:
-        """The rows of ``frame`` as a batch and their predictions (G, N)."""
+    def predict_split(self, frame: pd.DataFrame, split: str = "") -> Tuple[GroupedBatch, torch.Tensor]:
+        """The rows of ``frame`` (the split named ``split``) as a batch and their predictions (G, N)."""
         batch = self.model.batch(frame)
-        return batch, self.predict(batch)
+        return batch, self.predict(batch, split)
 
     def predict_frame(self, frame: pd.DataFrame, split: str) -> pd.DataFrame:
         """Predictions table (date, group, split, actual, predicted) for the rows of ``frame``."""
         recipe = self.model.recipe
-        return predictions_table(frame, *self.predict_split(frame), recipe.date_column, recipe.group, split)
+        return predictions_table(frame, *self.predict_split(frame, split), recipe.date_column, recipe.group, split)
 
 
 def numerical_fix(config: Config) -> str:
@@ -216,7 +218,7 @@ def check_coefficients(coef: torch.Tensor, groups: list, config: Config) -> None
 
 
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, loop: ChunkLoop,
-          recipe: DataRecipe, on_iteration: Optional[Callable[[int, float], None]] = None) -> Fit:
+          recipe: DataRecipe, on_iteration: CgCallback = no_cg_progress) -> Fit:
     """Fit every group's coefficients along the plan, each chunk through ``loop`` (``on_iteration``:
     CG progress)."""
     design = features.design.to(devices.device)

@@ -1,12 +1,21 @@
 """Progress of long work (group chunks, CG iterations): a tqdm bar on a terminal, plain log lines
-(at most one every ``interval`` seconds, and the last) when stderr is not a TTY (CI, SLURM logs)."""
+(at most one every ``interval`` seconds, and the last) when stderr is not a TTY (CI, SLURM logs).
+Log lines look like
+
+    fit/cg: 30/48 groups
+    CG: 65 iterations, residual 8.10e-07 / tol 1e-06, 48/48 groups converged
+
+A CG solve has no total (it stops at the tolerance, not at solver.max_iter), so no ETA."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
+
+if TYPE_CHECKING:
+    from tamrun.solve.cg import CgProgress
 
 log = logging.getLogger(__name__)
 
@@ -17,9 +26,11 @@ def use_bar(mode: str) -> bool:
 
 
 class Progress:
-    """Counts ``done`` out of ``total`` ``unit``s of ``desc``; ``update(done, note)`` sets the count."""
+    """Counts ``done`` out of ``total`` ``unit``s of ``desc`` (None: open-ended, no ETA);
+    ``update(done, note)`` sets the count."""
 
-    def __init__(self, desc: str, total: int, unit: str, mode: str = "auto", interval: float = 5.0) -> None:
+    def __init__(self, desc: str, total: Optional[int], unit: str, mode: str = "auto",
+                 interval: float = 5.0) -> None:
         self.desc, self.total, self.unit, self.interval = desc, total, unit, interval
         self.enabled = mode != "off"
         self.done = 0
@@ -51,7 +62,8 @@ class Progress:
 
     def _log(self, note: str) -> None:
         self._last_log = time.monotonic()
-        log.info("%s: %d/%d %s%s", self.desc, self.done, self.total, self.unit, f" ({note})" if note else "")
+        count = f"{self.done}/{self.total}" if self.total is not None else f"{self.done}"
+        log.info("%s: %s %s%s", self.desc, count, self.unit, f", {note}" if note else "")
 
 
 class ChunkProgress:
@@ -71,21 +83,28 @@ class ChunkProgress:
 
 
 class IterationProgress:
-    """A CG iteration callback ``(iteration, worst relative residual)`` over at most ``max_iter``."""
+    """The CG's progress callback (`tamrun.solve.cg.CgProgress`): one open-ended count of iterations per
+    solve, noting the worst relative residual against the tolerance and the converged groups; the
+    solve's last line is its final state."""
 
-    def __init__(self, max_iter: int, mode: str) -> None:
-        self.max_iter, self.mode = max_iter, mode
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
         self.bar: Optional[Progress] = None
-        self.last = float("nan")
+        self.note = ""
 
-    def __call__(self, iteration: int, residual: float) -> None:
-        self.last = residual
-        if self.bar is None or iteration < self.bar.done:  # a new CG solve (the next chunk of groups)
+    def __call__(self, state: CgProgress) -> None:
+        if state.iteration == 0 and not state.final:  # a new solve (the next chunk of groups, or a retry)
             self.close()
-            self.bar = Progress("CG", self.max_iter, "iterations", self.mode)
-        self.bar.update(iteration, f"residual {residual:.2e}")
+            self.bar = Progress("CG", None, "iterations", self.mode)
+        self.note = (f"residual {state.residual:.2e} / tol {state.tol:g}, "
+                     f"{state.converged}/{state.groups} groups converged")
+        if self.bar is not None:
+            self.bar.update(state.iteration, self.note)
+            if state.final:
+                self.close()
 
     def close(self) -> None:
+        """Log the open solve's last state (if any) and end its bar."""
         if self.bar is not None:
-            self.bar.close(f"residual {self.last:.2e}")
+            self.bar.close(self.note)
             self.bar = None

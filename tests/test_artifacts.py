@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlflow.pyfunc
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from matplotlib.image import imread
@@ -14,6 +15,7 @@ from tamrun.effects.partial import partial_effect_curves
 from tamrun.errors import DataError
 from tamrun.pipeline import load_splits
 from tamrun.runner import run
+from tamrun.tracking.plots import residual_period, residuals_by_period_figure
 
 from conftest import csv_overrides
 
@@ -106,3 +108,20 @@ def test_partial_effects_recover_the_true_curve():
     assert np.max(np.abs(centred - (truth - truth.mean()))) < 0.05
     assert curves["dow"]["discrete"] and list(curves["dow"]["grid"]) == list(range(7))
     np.testing.assert_allclose(np.diff(curves["dow"]["values"], axis=1), 0.3, atol=0.03)  # 0.3 per day
+
+
+@pytest.mark.parametrize("freq,periods,period,boxes", [
+    ("30min", 48 * 14, "time_of_day", 48),  # half-hourly: one box per half-hour
+    ("D", 60, "day_of_week", 7),            # daily: one box per weekday, not a single box at 0 h
+    ("W", 60, "month", 12),                 # weekly: one box per month
+])
+def test_the_residual_plot_follows_the_spacing_of_the_dates(freq, periods, period, boxes):
+    dates = pd.date_range("2021-01-01", periods=periods, freq=freq)
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"date": np.repeat(dates, 2), "group": np.tile([0, 1], len(dates)), "split": "test",
+                          "actual": rng.normal(size=2 * len(dates)), "predicted": 0.0})
+    assert residual_period(table["date"]) == period
+    assert residual_period(table["date"].drop(index=[4, 5, 6, 7])) == period  # a gap does not change it
+    axis = residuals_by_period_figure(table, period).axes[0]
+    assert period.replace("_", " ") in axis.get_title()
+    assert len([line for line in axis.get_lines() if line.get_label() == "mean"][0].get_xdata()) == boxes

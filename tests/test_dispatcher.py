@@ -211,3 +211,16 @@ def test_leaf_count_tiles_equal_the_pairwise_count(dense_max, scatter_rows, dtyp
             keep = lower[start:stop, :upto]
             np.testing.assert_array_equal(tile[keep], expected[start:stop, :upto][keep])
     assert count_dtype(256, torch.bfloat16) == torch.bfloat16 and count_dtype(257, torch.bfloat16) == torch.float32
+
+
+def test_the_cg_group_progress_moves_within_one_chunk_as_groups_converge(problem):
+    batch, design = problem
+    reports = []
+    loop = ChunkLoop(OomConfig(), OomLog(), MemoryTracker(None, 1.1),
+                     progress=lambda phase, done, total: reports.append((phase, done, total)))
+    plan = plan_of("cg", ChunkPlan(4, 100, 0), ChunkPlan(4, 100, 0), True)
+    solver = SolverConfig(tol=1e-10, max_iter=5000, preconditioner=Preconditioner.jacobi)  # groups converge apart
+    Dispatcher(design, DeviceManager("cpu"), plan, solver, loop).fit(batch)
+    done = [d for phase, d, total in reports if phase == "fit/cg" and total == 4]
+    assert done == sorted(done) and done[-1] == 4 and done.count(4) == 1  # the chunk's own report ends it
+    assert any(0 < d < 4 for d in done)  # not 0/4 until the whole solve is over

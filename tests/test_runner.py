@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -146,3 +147,20 @@ def test_the_metrics_come_from_the_predictions_and_the_table_is_built_only_on_us
         actual = part["actual"].to_numpy(np.float64)
         mape = 100 * np.mean(np.abs(error[actual != 0] / actual[actual != 0]))
         assert result.metrics[f"mape_{split}"] == pytest.approx(mape, rel=1e-12)
+
+
+def test_progress_in_log_mode_names_each_split_and_reports_the_cg_against_its_tolerance(compose_cfg, csv_path,
+                                                                                        caplog):
+    caplog.set_level(logging.INFO, logger="tamrun.progress")
+    result = run(compose_cfg(*csv_overrides(csv_path), "split.validation_start=2020-12-01", "tracking=none",
+                             "progress=log", "solver=cg", "solver.tol=1e-7", "solver.max_iter=2000"))
+    lines = [r.getMessage() for r in caplog.records]
+    groups = len(result.groups)
+    for split in ("train", "validation", "test"):
+        assert f"predict {split}: {groups}/{groups} groups" in lines
+    assert not any(line.startswith("predict:") for line in lines)
+    cg = [line for line in lines if line.startswith("CG:")]
+    iterations, residual = int(result.metrics["cg_iterations"]), result.metrics["cg_final_residual"]
+    assert cg == [f"CG: {iterations} iterations, residual {residual:.2e} / tol 1e-07, {groups}/{groups} groups "
+                  "converged"]
+    assert "/2000" not in caplog.text

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tamrun.config.schema import SplitConfig
 from tamrun.data.split import carve_validation
 from tamrun.errors import ConfigError, DataError
 from tamrun.progress import ChunkProgress, IterationProgress
+from tamrun.solve.cg import CgProgress, conjugate_gradient
 
 from conftest import synthetic_frame
 
@@ -45,14 +48,33 @@ def test_progress_without_a_terminal_is_plain_log_lines(caplog):
     chunks = ChunkProgress(mode="log")
     for last in (15, 31, 47):
         chunks("fit/direct", last + 1, 48)
-    iterations = IterationProgress(max_iter=100, mode="log")
-    for i, residual in enumerate((1e-1, 1e-3, 1e-7), start=1):
-        iterations(i, residual)
-    iterations.close()
+    iterations = IterationProgress(mode="log")
+    for solve, residuals in enumerate(((1e-1, 1e-3, 8.1e-7), (4e-1, 2e-3, 5e-7))):
+        for i, residual in enumerate(residuals):
+            iterations(CgProgress(i, residual, 1e-6, 0 if residual > 1e-6 else 48, 48))
+        iterations(CgProgress(len(residuals) - 1, residuals[-1], 1e-6, 48, 48, final=True))
     lines = [r.getMessage() for r in caplog.records]
     assert "fit/direct: 48/48 groups" in lines
-    assert "CG: 3/100 iterations (residual 1.00e-07)" in lines
+    # each solve's last line is its own final state (not the next solve's first residual), with no total
+    assert lines[-2:] == ["CG: 2 iterations, residual 8.10e-07 / tol 1e-06, 48/48 groups converged",
+                          "CG: 2 iterations, residual 5.00e-07 / tol 1e-06, 48/48 groups converged"]
     silent = ChunkProgress(mode="off")
     caplog.clear()
     silent("fit/direct", 4, 4)
     assert not caplog.records
+
+
+def test_a_cg_solve_logs_its_iterations_and_worst_residual_against_the_tolerance(caplog):
+    caplog.set_level(logging.INFO, logger="tamrun.progress")
+    rng = np.random.default_rng(0)
+    phi = torch.tensor(rng.normal(size=(4, 60, 20)))
+    a = phi.transpose(1, 2) @ phi / 60 + 1e-3 * torch.eye(20, dtype=torch.float64)
+    b = torch.tensor(rng.normal(size=(4, 20)))
+    result = conjugate_gradient(lambda v: (a @ v.unsqueeze(-1)).squeeze(-1), b, None, tol=1e-6, max_iter=2000,
+                                on_iteration=IterationProgress(mode="log"))
+    assert bool(result.converged.all())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CG:")]
+    worst = float(result.relative_residual.max())
+    assert lines == [f"CG: {int(result.iterations.max())} iterations, residual {worst:.2e} / tol 1e-06, "
+                     "4/4 groups converged"]
+    assert worst <= 1e-6 and "/2000" not in caplog.text

@@ -41,7 +41,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     predictions themselves."""
     config, recorder, metered = prepared.config, prepared.recorder, prepared.metered
     loop = prepared.chunk_loop(ChunkProgress(config.progress.value))
-    iterations = IterationProgress(config.solver.max_iter, config.progress.value)
+    iterations = IterationProgress(config.progress.value)
     with recorder.phase("solve", metered):
         fit = solve(config, prepared.features, prepared.plan, prepared.devices, loop, prepared.splits.recipe,
                     iterations)
@@ -67,12 +67,14 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
 
 
 def predict_splits(prepared: Prepared, fit: Fit) -> List[ScoredSplit]:
-    """The predictions of every split, in table order: train, validation (if any), test."""
+    """The predictions of every split, in table order: train, validation (if any), test (their progress
+    named "predict train", ...)."""
     splits = prepared.splits
-    scored_splits = [ScoredSplit("train", splits.train, fit.train, fit.predict(fit.train))]
+    scored_splits = [ScoredSplit("train", splits.train, fit.train, fit.predict(fit.train, "train"))]
     if splits.validation is not None:
-        scored_splits.append(ScoredSplit("validation", splits.validation, *fit.predict_split(splits.validation)))
-    scored_splits.append(ScoredSplit("test", splits.test, prepared.test, fit.predict(prepared.test)))
+        scored_splits.append(ScoredSplit("validation", splits.validation,
+                                         *fit.predict_split(splits.validation, "validation")))
+    scored_splits.append(ScoredSplit("test", splits.test, prepared.test, fit.predict(prepared.test, "test")))
     return scored_splits
 
 

@@ -10,7 +10,7 @@ OOM_SIZE_FACTOR, OOM_DELAY_MS and OOM_VERBOSE override the config.
 `ChunkLoop` is the one loop over chunks of units (groups, windows) that every fit, prediction and
 window batch runs through: each chunk is charged its planned footprint to the `MemoryTracker`,
 guarded by `retry_on_oom`, then reported to the memory timeline (a snapshot label) and to the
-progress callback ``(phase, done, total)``.
+progress callback ``(phase, done, total)`` (a step may report within its chunk: `ChunkLoop.report_within`).
 """
 
 from __future__ import annotations
@@ -251,19 +251,21 @@ class ChunkLoop:
         self.learned: Dict[str, int] = {}  # phase -> the chunk size an OOM taught
 
     def run(self, step: Callable[[int, int], None], total: int, chunk: int, phase: str, cost: ChunkCost,
-            rows: int = 0, unit: str = "groups") -> int:
+            rows: int = 0, unit: str = "groups", label: str = "") -> int:
         """Run ``step`` over ``total`` units starting with chunks of ``chunk``, each charged
-        ``cost.bytes(size, rows, 1.0)``; returns the chunk size that was kept."""
+        ``cost.bytes(size, rows, 1.0)``; returns the chunk size that was kept. ``label`` names the
+        chunks in the progress and the timeline (default: ``phase``, which keys the learned chunk size)."""
         chunk = min(chunk, self.learned.get(phase, chunk))
+        label = label or phase
         start = 0
         while start < total:
             def attempt(size: int, start: int = start) -> Tuple[int, int]:
                 take = min(size, total - start)
-                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{phase} of {take} {unit}"):
+                with self.tracker.hold(cost.bytes(take, rows, 1.0), f"{label} of {take} {unit}"):
                     step(start, take)
                 self.release()
-                self.snapshot(f"{phase} {unit} {start}..{start + take - 1}")
-                self.progress(phase, start + take, total)
+                self.snapshot(f"{label} {unit} {start}..{start + take - 1}")
+                self.progress(label, start + take, total)
                 return take, size
 
             done, chunk = retry_on_oom(attempt, chunk, self.policy, phase, self.oom_log, free_memory=self.free_memory,
@@ -271,3 +273,9 @@ class ChunkLoop:
             start += done
         self.learned[phase] = chunk
         return chunk
+
+    def report_within(self, phase: str, done: int, total: int) -> None:
+        """Progress from inside a chunk (a CG solve's converged groups), passed on while ``done`` is
+        below ``total``: the chunk's own report ends the phase."""
+        if done < total:
+            self.progress(phase, done, total)

@@ -11,7 +11,7 @@ the chunk's report merges into the fit's `FitStats`.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -23,7 +23,7 @@ from tamrun.effects.design import AdditiveDesign
 from tamrun.memory.guard import ChunkLoop
 from tamrun.memory.oracle import Plan
 from tamrun.solve.assembly import CgSystem, normal_equations, solve_normal_equations, system_scale
-from tamrun.solve.cg import DEFAULT_TOL, conjugate_gradient
+from tamrun.solve.cg import DEFAULT_TOL, CgCallback, CgProgress, conjugate_gradient, no_cg_progress
 from tamrun.solve.dual import fit_dual
 from tamrun.solve.stats import FitStats, SolveStats
 
@@ -40,12 +40,12 @@ class Dispatcher:
         solver: solver settings (tolerance, iterations, preconditioner, jitter).
         loop: the guarded chunk loop (tracker, OOM guard, timeline, progress).
         initial: (G, D) coefficients CG starts from (solver.warm_start), None for zeros.
-        on_iteration: called by CG after each iteration with (iteration, worst residual).
+        on_iteration: CG's progress (`tamrun.solve.cg.CgProgress`: start, each iteration, end).
     """
 
     def __init__(self, design: AdditiveDesign, devices: DeviceManager, plan: Plan, solver: SolverConfig,
                  loop: ChunkLoop, initial: Optional[torch.Tensor] = None,
-                 on_iteration: Optional[Callable[[int, float], None]] = None) -> None:
+                 on_iteration: CgCallback = no_cg_progress) -> None:
         self.design, self.devices, self.plan, self.solver, self.loop = design, devices, plan, solver, loop
         self.initial = initial
         self.on_iteration = on_iteration
@@ -64,9 +64,14 @@ class Dispatcher:
             coef[groups] = beta.cpu()
             stats.merge(report)
 
-        stats.group_chunk = self.loop.run(step, len(batch.groups), plan.fit.groups, f"fit/{plan.route}",
-                                          plan.fit_cost, rows=plan.fit.rows)
+        stats.group_chunk = self.loop.run(step, len(batch.groups), plan.fit.groups, self.phase, plan.fit_cost,
+                                          rows=plan.fit.rows)
         return coef, stats
+
+    @property
+    def phase(self) -> str:
+        """The fit's phase in the chunk loop (its progress: ``fit/cg``, ``fit/direct``)."""
+        return f"fit/{self.plan.route}"
 
     def _direct(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty) -> Tuple[torch.Tensor, SolveStats]:
         device = self.devices.device
@@ -82,8 +87,15 @@ class Dispatcher:
         rhs = system.rhs
         tol = self.solver.tol if self.solver.tol is not None else DEFAULT_TOL[rhs.dtype]
         x0 = None if self.initial is None else self.initial[groups].to(device=rhs.device, dtype=rhs.dtype)
+        total = len(batch.groups)
+
+        def progress(state: CgProgress) -> None:  # the group bar counts the chunk's converged groups
+            self.on_iteration(state)
+            if state.converged and not state.final:
+                self.loop.report_within(self.phase, groups.start + state.converged, total)
+
         result = conjugate_gradient(system.matvec, rhs, system.preconditioner, tol, self.solver.max_iter, x0,
-                                    self.on_iteration)
+                                    progress)
         return result.x, SolveStats(cg_iterations=int(result.iterations.max()),
                                     cg_unconverged_groups=int((~result.converged).sum()),
                                     cg_final_residual=float(result.relative_residual.max()), cg_history=result.history)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 from typing import Sequence
 
 import numpy as np
@@ -32,27 +33,50 @@ def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 7
     return figure
 
 
-def residuals_by_time_of_day_figure(table: pd.DataFrame, split: str = "test", unit: str = ""):
-    """Box plots of the residuals (actual - predicted) of ``split`` by time of day of the date column,
-    with their mean. Returns a matplotlib Figure."""
+def residual_period(dates: Sequence) -> str:
+    """What the residuals are grouped by, from the median gap between the distinct dates:
+    ``time_of_day`` below a day, ``day_of_week`` from a day up to a week (every weekday still shows),
+    ``month`` from a week on. Fewer than two dates: ``time_of_day``."""
+    stamps = pd.DatetimeIndex(pd.to_datetime(pd.Series(dates)).dropna()).unique().sort_values()
+    if len(stamps) < 2:
+        return "time_of_day"
+    gap = (stamps[1:] - stamps[:-1]).median()
+    if gap < pd.Timedelta(days=1):
+        return "time_of_day"
+    return "day_of_week" if gap < pd.Timedelta(days=7) else "month"
+
+
+def _period_keys(dates: pd.Series, period: str) -> tuple:
+    """(each date's key, tick positions, tick labels, axis label) of a `residual_period`."""
+    if period == "time_of_day":
+        hours = np.arange(0, 25, 2)
+        return (dates.dt.hour + dates.dt.minute / 60.0).to_numpy(), hours, [str(h) for h in hours], "time of day (h)"
+    if period == "day_of_week":
+        return dates.dt.day_of_week.to_numpy(), np.arange(7), list(calendar.day_abbr), "day of week"
+    return dates.dt.month.to_numpy(), np.arange(1, 13), list(calendar.month_abbr)[1:], "month"
+
+
+def residuals_by_period_figure(table: pd.DataFrame, period: str, split: str = "test", unit: str = ""):
+    """Box plots of the residuals (actual - predicted) of ``split`` by ``period`` of the date column
+    (`residual_period`: time of day, day of week or month), with their mean. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
 
     part = table[table["split"] == split]
-    dates = pd.to_datetime(part["date"])
-    hours = (dates.dt.hour + dates.dt.minute / 60.0).to_numpy()
+    keys, ticks, labels, name = _period_keys(pd.to_datetime(part["date"]), period)
     residual = (part["actual"] - part["predicted"]).to_numpy()
-    slots = np.unique(hours)
+    slots = np.unique(keys)
     figure = Figure(figsize=(12, 4.5), layout="constrained")
     axis = figure.subplots()
     width = 0.6 * float(np.min(np.diff(slots))) if len(slots) > 1 else 0.5
-    axis.boxplot([residual[hours == h] for h in slots], positions=slots, widths=width, showfliers=False,
+    axis.boxplot([residual[keys == k] for k in slots], positions=slots, widths=width, showfliers=False,
                  manage_ticks=False)
-    axis.plot(slots, [residual[hours == h].mean() for h in slots], color="tab:red", lw=1, label="mean")
+    axis.plot(slots, [residual[keys == k].mean() for k in slots], color="tab:red", lw=1, label="mean")
     axis.axhline(0, color="grey", lw=0.8)
-    axis.set_xticks(np.arange(0, 25, 2))
-    axis.set_xlabel("time of day (h)")
+    axis.set_xticks(ticks, labels)
+    axis.set_xlabel(name)
     axis.set_ylabel(_label("residual = actual - predicted", unit))
-    axis.set_title(f"Residuals by time of day on the {split} period (boxes: quartiles, whiskers: 1.5 IQR)")
+    axis.set_title(f"Residuals by {period.replace('_', ' ')} on the {split} period "
+                   "(boxes: quartiles, whiskers: 1.5 IQR)")
     axis.grid(alpha=0.3)
     axis.legend(loc="upper right")
     return figure

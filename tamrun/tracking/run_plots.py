@@ -1,5 +1,6 @@
 """The plots every run logs (plots/*.png): forecast with a one-week zoom, partial effects, residuals by
-time of day, memory timeline and, when the CG route ran, its residual history."""
+time of day (sub-daily dates), day of week (daily) or month (weekly or coarser), memory timeline and,
+when the CG route ran, its residual history."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tamrun.pipeline import Fit
 from tamrun.solve.cg import DEFAULT_TOL
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.plots import (cg_residual_figure, forecast_figure, memory_timeline_figure,
-                                   partial_effects_figure, residuals_by_time_of_day_figure)
+                                   partial_effects_figure, residual_period, residuals_by_period_figure)
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,8 @@ def log_run_plots(tracked: TrackedRun, config: Config, fit: Fit, table: pd.DataF
     tracked.log_figure(forecast_figure(table, title=title, unit=unit), "plots/forecast.png")
     curves = partial_effect_curves(fit.model, fit.train, fit.device)
     tracked.log_figure(partial_effects_figure(curves, unit=unit), "plots/partial_effects.png")
-    tracked.log_figure(residuals_by_time_of_day_figure(table, unit=unit), "plots/residuals_by_time_of_day.png")
+    period = residual_period(table["date"])
+    tracked.log_figure(residuals_by_period_figure(table, period, unit=unit), f"plots/residuals_by_{period}.png")
     tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, fit.plan.predicted_peak),
                        "plots/memory_timeline.png")
     if fit.stats.cg_history:
