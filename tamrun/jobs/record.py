@@ -58,4 +58,4 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callabl
     if config.tracking.log_model and tracked.enabled:
         from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
 
-        log_pyfunc_model(tracked, fit.model, prepared.splits.test)
+        log_pyfunc_model(tracked, f"{config.model.name}-{config.data.name}", fit.model, prepared.splits.test)

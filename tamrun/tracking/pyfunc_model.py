@@ -34,7 +34,6 @@ from tamrun.fitted import FittedModel
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "model"  # the LoggedModel's name (the run's artifacts keep their own folders)
 FITTED_ARTIFACT = "fitted"  # the pickled FittedModel, among the model's artifacts
 CODE_FILE = Path(__file__).with_name("pyfunc_code.py")
 EXAMPLE_ROWS = 5
@@ -69,16 +68,18 @@ def requirements() -> List[str]:
             f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}"]
 
 
-def log_pyfunc_model(tracked: Any, fitted: FittedModel, example: pd.DataFrame) -> str:
-    """Log ``fitted`` as a LoggedModel of ``tracked``'s run (a `TrackedRun`), its signature and input
-    example taken from the first rows of ``example`` (a table of the run's data); returns its id."""
+def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.DataFrame) -> str:
+    """Log ``fitted`` as a LoggedModel ``name`` of ``tracked``'s run (a `TrackedRun`), its signature and
+    input example taken from the first rows of ``example`` (a table of the run's data); returns its id.
+    ``name`` must not be one of the run's artifact folders: MLflow resolves ``runs:/<id>/<name>`` to
+    the run's LoggedModel of that name first."""
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import Model, infer_signature
 
     model = cpu_model(fitted)
     sample = example[model.raw_columns(example.columns)].head(EXAMPLE_ROWS).reset_index(drop=True)
     client = tracked.client
-    logged = client.create_logged_model(tracked.experiment_id, name=MODEL_NAME, source_run_id=tracked.run_id,
+    logged = client.create_logged_model(tracked.experiment_id, name=name, source_run_id=tracked.run_id,
                                         model_type="tamrun", tags={"tamrun_version": tamrun.__version__})
     try:
         client.log_outputs(tracked.run_id, [LoggedModelOutput(logged.model_id, step=0)])
