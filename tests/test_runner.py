@@ -71,11 +71,11 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     if head is not None and head.returncode == 0:  # running from a git checkout
         assert tags["mlflow.source.git.commit"] == head.stdout.strip()
     paths = artifact_paths(client, result.run_id)
-    assert {"config/resolved.yaml", "config/overrides.txt", "predictions/predictions.csv",
+    assert {"config/resolved.yaml", "config/overrides.txt", "predictions/predictions.parquet",
             "plots/forecast.png", "model/coefficients.csv", "memory/report.json", "memory/report.txt",
             "plots/memory_timeline.png"} <= paths
-    local = client.download_artifacts(result.run_id, "predictions/predictions.csv", str(tmp_path))
-    logged_predictions = pd.read_csv(local)
+    local = client.download_artifacts(result.run_id, "predictions/predictions.parquet", str(tmp_path))
+    logged_predictions = pd.read_parquet(local)
     test = logged_predictions[logged_predictions["split"] == "test"]
     assert len(test) == 17_568  # every half-hour of 2024
     rmse = float(np.sqrt(np.mean((test["actual"] - test["predicted"]) ** 2)))

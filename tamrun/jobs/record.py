@@ -50,7 +50,7 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callabl
     tracked.log_text(report_text(report, plan), "memory/report.txt")
     tracked.log_text(describe(fit.model.design) + "\n", "model/design.txt")
     if config.tracking.log_predictions and tracked.enabled:
-        tracked.log_frame(table(), "predictions/predictions.csv")
+        tracked.log_frame(table(), "predictions/predictions.parquet")
         tracked.log_frame(group_metrics(table()), "predictions/group_metrics.csv")
     tracked.log_frame(coefficients_frame(fit), "model/coefficients.csv")
     if config.tracking.log_plots and tracked.enabled:

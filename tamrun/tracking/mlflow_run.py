@@ -219,11 +219,15 @@ class TrackedRun:
             self.client.log_artifacts(self.run_id, path, artifact_path)
 
     def log_frame(self, frame: Any, artifact_file: str) -> None:
-        """A pandas DataFrame as a CSV artifact."""
+        """A pandas DataFrame as an artifact: Parquet (zstd) when ``artifact_file`` ends in .parquet,
+        else CSV."""
         if not self.enabled:
             return
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(artifact_file).name
-            frame.to_csv(path, index=False)
+            if path.suffix == ".parquet":
+                frame.to_parquet(path, index=False, compression="zstd")
+            else:
+                frame.to_csv(path, index=False)
             parent = str(Path(artifact_file).parent)
             self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)
