@@ -68,6 +68,9 @@ def test_a_parallel_sweep_records_every_job_under_one_parent(tmp_path, csv_path)
         assert row.rmse_test == pytest.approx(run.data.metrics["rmse_test"], rel=1e-12)
         assert "model.effects.sx.k=" in row.overrides
     assert parent.data.metrics["best_rmse_test"] == pytest.approx(summary["rmse_test"].min(), rel=1e-12)
+    # each run named by its swept value, and tagged with it
+    assert [r.info.run_name for r in children] == ["k=6", "k=8", "k=10", "k=12"]
+    assert [r.data.tags["sweep.model.effects.sx.k"] for r in children] == ["6", "8", "10", "12"]
     assert "sweep/objective.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
     assert "| job | run_id |" in (Path(client.download_artifacts(parent.info.run_id, "sweep/summary.md",
                                                                      str(tmp_path)))).read_text()
@@ -87,6 +90,9 @@ def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_p
     assert best["best_value"] == pytest.approx(min(validation), rel=1e-12)
     assert not any(math.isclose(best["best_value"], r.data.metrics["rmse_test"]) for r in children)
     assert parent.data.metrics["best_rmse_validation"] == pytest.approx(min(validation), rel=1e-12)
+    # optuna may draw a value twice: the names carry the sampled value and the job number
+    assert [r.info.run_name.rsplit(" #", 1)[1] for r in children] == ["0", "1", "2", "3"]
+    assert all(r.info.run_name.startswith("ap=") for r in children)
     # the validation rows (Nov-Dec 2020) were not fitted: fewer training rows than the full year
     assert {r.data.metrics["n_train_rows"] for r in children} == {24 * (366 - 61)}
 
@@ -159,3 +165,6 @@ def test_a_bad_middle_job_fails_alone_and_the_sweep_exits_non_zero(tmp_path, csv
     summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/summary.csv", str(tmp_path)))
     assert summary["job"].tolist() == [0, 1, 2] and summary["status"].tolist() == ["FINISHED", "FAILED", "FINISHED"]
     assert parent.info.status == "FAILED"
+    # the values repeat (good, bad, good): the job number keeps the names apart
+    label = key.rsplit(".", 1)[1]
+    assert [r.info.run_name for r in children] == [f"{label}={good} #0", f"{label}={value} #1", f"{label}={good} #2"]

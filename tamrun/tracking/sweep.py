@@ -6,6 +6,9 @@ process that launches the sweep: ``on_multirun_start`` opens the parent run and 
 (basic, joblib processes, submitit, ray) reads that file through `sweep_tags` and tags its run with the
 sweep id and ``mlflow.parentRunId``; ``on_multirun_end`` writes the table of jobs and their metrics
 to the parent run (``sweep/summary.csv`` and ``.md``) and ends it.
+
+The sweep file also names the keys the sweep varies (`tamrun.tracking.sweep_names`): each job's run is
+named by its values of them and tagged ``sweep.<key>``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tamrun.config.schema import TrackingConfig
 from tamrun.tracking.plots import sweep_objective_figure
+from tamrun.tracking.sweep_names import SweptKeys, job_run_name, job_values, swept_keys, value_tags
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +65,41 @@ def read_sweep_file(sweep_dir: str) -> Dict[str, Any]:
 
 def sweep_tags(sweep_dir: str, job_num: int, overrides: List[str]) -> Dict[str, str]:
     """Tags of a multirun job's run: the sweep id (the sweep folder when no callback ran), the job
-    number, its overrides and, with a parent run, ``mlflow.parentRunId`` (the UI nests it there)."""
+    number, its overrides, its swept values (``sweep.<key>``) and, with a parent run,
+    ``mlflow.parentRunId`` (the UI nests it there)."""
     info = read_sweep_file(sweep_dir)
     tags = {SWEEP_ID_TAG: info.get("sweep_id") or str(Path(sweep_dir).resolve()), SWEEP_JOB_TAG: str(job_num),
-            "sweep_overrides": " ".join(overrides)[:5000]}
+            "sweep_overrides": " ".join(overrides)[:5000],
+            **value_tags(job_values(overrides, SweptKeys.from_json(info).labels))}
     if info.get("parent_run_id"):
         tags[PARENT_TAG] = info["parent_run_id"]
     return tags
 
 
-def record_refused_job(config: DictConfig, tags: Dict[str, str], error: Exception) -> None:
+def default_run_name(config: DictConfig) -> str:
+    """A run's name outside a sweep: ``<model>-<data>``."""
+    return f"{config.model.get('name', 'model')}-{config.data.get('name', 'data')}"
+
+
+def sweep_run_name(sweep_dir: str, job_num: int, overrides: List[str], config: DictConfig) -> str:
+    """A multirun job's run name: its swept values (`tamrun.tracking.sweep_names.job_run_name`)."""
+    swept = SweptKeys.from_json(read_sweep_file(sweep_dir))
+    return job_run_name(swept, job_num, job_values(overrides, swept.labels), default_run_name(config))
+
+
+def sweep_plan(config: DictConfig) -> SweptKeys:
+    """The keys a multirun's command line and sweeper vary, from its config at ``on_multirun_start``."""
+    hydra_cfg = config.hydra
+    sweeper = hydra_cfg.get("sweeper") or {}
+    params = sweeper.get("params")
+    return swept_keys(OmegaConf.to_container(hydra_cfg.overrides.task),
+                      OmegaConf.to_container(params) if params else None,
+                      (hydra_cfg.get("runtime") or {}).get("choices") or {},
+                      grid=str(sweeper.get("_target_", "")).endswith("BasicSweeper"))
+
+
+def record_refused_job(config: DictConfig, tags: Dict[str, str], error: Exception,
+                       run_name: Optional[str] = None) -> None:
     """A FAILED run for a sweep job refused before its own run started (bad input found by the config
     checks), so that the job has a status of its own and the parent's summary lists it."""
     from tamrun.errors import TamrunError
@@ -83,7 +112,7 @@ def record_refused_job(config: DictConfig, tags: Dict[str, str], error: Exceptio
         return
     if not settings.enabled:
         return
-    name = f"{config.model.get('name', 'model')}-{config.data.get('name', 'data')}"
+    name = run_name or default_run_name(config)
     tracked = TrackedRun(settings, run_name=name, tags={**tags, "error_type": type(error).__name__,
                                                         "error": str(error)[:5000]})
     try:
@@ -136,7 +165,8 @@ class SweepCallback(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         sweep_id = uuid.uuid4().hex[:12]
-        info: Dict[str, Any] = {"sweep_id": sweep_id, "sweep_dir": str(sweep_dir.resolve())}
+        info: Dict[str, Any] = {"sweep_id": sweep_id, "sweep_dir": str(sweep_dir.resolve()),
+                                **sweep_plan(config).to_json()}
         if settings.enabled:
             tags = {SWEEP_ID_TAG: sweep_id, "sweep_role": "parent", "sweep_dir": info["sweep_dir"],
                     "sweep_command": " ".join(OmegaConf.to_container(config.hydra.overrides.task))[:5000]}
