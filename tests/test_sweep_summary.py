@@ -1,9 +1,15 @@
-"""A sweep's run names, without Hydra's launch: the names from the sweep's command line."""
+"""A sweep's run names and its parent's choice of a best job, without Hydra's launch: the names from
+the sweep's command line, the summary from runs in a real sqlite store (`close_sweep`, as the
+callback calls it)."""
 
 from __future__ import annotations
 
-import pytest
+import logging
 
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tamrun.tracking.sweep import close_sweep
 from tamrun.tracking.sweep_names import MAX_RUN_NAME, job_run_name, job_values, swept_keys, value_tags
 
 GROUPS = ["model", "data", "hw", "solver"]
@@ -56,3 +62,71 @@ def test_a_long_name_is_cut_within_the_limit_and_keeps_the_job_number():
     got = names(command, jobs)
     assert len(set(got)) == 2 and all(len(n) == MAX_RUN_NAME and n.endswith(f"… #{j}") for j, n in enumerate(got))
     assert value_tags({"model@odd:key": "v"}) == {"sweep.model_odd_key": "v"}  # MLflow's tag keys: no @, no :
+
+
+# --- the parent's summary on a real store --------------------------------------------------------
+
+
+def recorded_sweep(tmp_path, jobs, objective, asked):
+    """A parent run and one child run per ``(status, metrics, k)`` in a sqlite store, and the sweep
+    file's content that `close_sweep` reads."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("sweep")
+    parent = client.create_run(experiment, run_name="sweep-abc", tags={"sweep_id": "abc"}).info.run_id
+    children = []
+    for num, (status, metrics, k) in enumerate(jobs):
+        tags = {"sweep_id": "abc", "sweep_job": str(num), "mlflow.parentRunId": parent,
+                **value_tags({"model.effects.sx.k": str(k)})}
+        run_id = client.create_run(experiment, run_name=f"k={k}", tags=tags).info.run_id
+        for name, value in metrics.items():
+            client.log_metric(run_id, name, value)
+        client.set_terminated(run_id, status=status)
+        children.append(run_id)
+    info = {"sweep_id": "abc", "parent_run_id": parent, "experiment_id": experiment, "tracking_uri": uri,
+            "busy_timeout_s": 5.0, "lock_timeout_s": 5.0, "objective": objective, "objective_asked": asked,
+            "swept": {"model.effects.sx.k": "k"}, "numbered": False}
+    return client, info, children
+
+
+JOBS = [("FINISHED", {"rmse_validation": 2.0, "rmse_test": 1.0}, 6),
+        ("FINISHED", {"rmse_validation": 1.5, "rmse_test": 3.0}, 8),
+        ("FAILED", {"rmse_validation": 0.5}, 10),  # logged a metric, then failed: never the best
+        ("FINISHED", {"rmse_validation": 1.7, "rmse_test": 2.0}, 12)]
+
+
+def test_with_a_validation_split_the_best_job_is_the_least_validation_rmse_of_the_finished_ones(tmp_path):
+    client, info, children = recorded_sweep(tmp_path, JOBS, "rmse_validation", asked=False)
+    table = close_sweep(info)
+    parent = client.get_run(info["parent_run_id"]).data
+    assert parent.tags["best_run_id"] == children[1] and parent.metrics["best_rmse_validation"] == 1.5
+    assert not any(key.startswith("best_on_test") for key in [*parent.tags, *parent.metrics])
+    assert parent.tags["sweep_selection"] == "best on rmse_validation"
+    assert parent.metrics["sweep_failed_jobs"] == 1 and parent.tags["sweep_failed_jobs"] == "1 of 4 (job(s) 2)"
+    assert "3 finished, 1 did not (job 2 FAILED)" in parent.tags["mlflow.note.content"]
+    assert table["model.effects.sx.k"].tolist() == ["6", "8", "10", "12"]
+    assert table["status"].tolist() == ["FINISHED", "FINISHED", "FAILED", "FINISHED"]
+
+
+def test_without_a_validation_split_no_best_is_crowned_on_the_test_year(tmp_path, caplog):
+    jobs = [(status, {n: v for n, v in metrics.items() if n == "rmse_test"}, k) for status, metrics, k in JOBS]
+    client, info, _ = recorded_sweep(tmp_path, jobs, "rmse_test", asked=False)
+    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep")
+    table = close_sweep(info)
+    parent = client.get_run(info["parent_run_id"])
+    assert not any(key.startswith("best") for key in [*parent.data.tags, *parent.data.metrics])
+    assert parent.data.tags["sweep_selection"].startswith("none: rmse_test is a test metric")
+    assert table["rmse_test"].tolist()[:2] == [1.0, 3.0]  # the summary still lists the test metrics
+    assert "no best run chosen" in caplog.text and parent.info.status == "FAILED"  # job 2 failed
+    artifacts = {a.path for a in client.list_artifacts(info["parent_run_id"], "sweep")}
+    assert {"sweep/summary.csv", "sweep/summary.md", "sweep/objective.png"} <= artifacts
+
+
+def test_a_test_metric_asked_for_is_crowned_as_such_with_a_warning(tmp_path, caplog):
+    client, info, children = recorded_sweep(tmp_path, JOBS, "rmse_test", asked=True)
+    caplog.set_level(logging.WARNING, logger="tamrun.tracking.sweep")
+    close_sweep(info)
+    parent = client.get_run(info["parent_run_id"]).data
+    assert parent.tags["best_on_test_run_id"] == children[0] and parent.metrics["best_on_test_rmse_test"] == 1.0
+    assert "best_run_id" not in parent.tags and "best_rmse_test" not in parent.metrics
+    assert "leaks" in caplog.text and "leaks" in parent.tags["sweep_selection"]
