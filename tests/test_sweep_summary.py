@@ -1,14 +1,17 @@
-"""A sweep's run names and its parent's choice of a best job, without Hydra's launch: the names from
-the sweep's command line, the summary from runs in a real sqlite store (`close_sweep`, as the
-callback calls it)."""
+"""A sweep's run names, its parent's choice of a best job and its objective plot, without Hydra's
+launch: the names from the sweep's command line, the summary from runs in a real sqlite store
+(`close_sweep`, as the callback calls it), the plot's data from a summary table."""
 
 from __future__ import annotations
 
 import logging
+import math
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tamrun.tracking.plots import sweep_objective_figure, sweep_objective_panels
 from tamrun.tracking.sweep import close_sweep
 from tamrun.tracking.sweep_names import MAX_RUN_NAME, job_run_name, job_values, swept_keys, value_tags
 
@@ -130,3 +133,27 @@ def test_a_test_metric_asked_for_is_crowned_as_such_with_a_warning(tmp_path, cap
     assert parent.tags["best_on_test_run_id"] == children[0] and parent.metrics["best_on_test_rmse_test"] == 1.0
     assert "best_run_id" not in parent.tags and "best_rmse_test" not in parent.metrics
     assert "leaks" in caplog.text and "leaks" in parent.tags["sweep_selection"]
+
+
+# --- the objective plot's data -------------------------------------------------------------------
+
+
+def test_the_objective_is_plotted_against_the_swept_values():
+    table = pd.DataFrame({"job": [0, 1, 2, 3], "status": ["FINISHED", "FINISHED", "FAILED", "FINISHED"],
+                          "model": ["fourier", "fourier", "spline", "spline"],
+                          "model.effects.sx.k": ["6", "10", "6", "10"],
+                          "rmse_validation": [2.0, 1.0, math.nan, 1.5]})
+    by_model, by_k = sweep_objective_panels(table, "rmse_validation", ["model", "model.effects.sx.k"])
+    assert by_k["param"] == "model.effects.sx.k" and by_k["x"] == [6.0, 10.0, 6.0, 10.0] and by_k["ticks"] is None
+    assert by_model["ticks"] == ["fourier", "spline"] and by_model["x"] == [0.0, 0.0, 1.0, 1.0]
+    assert by_k["y"][:2] == [2.0, 1.0] and by_k["failed"] == [False, False, True, False]
+    figure = sweep_objective_figure(table, "rmse_validation", ["model", "model.effects.sx.k"], best_job=1)
+    axes = [a for a in figure.axes if a.get_visible()]
+    assert [a.get_xlabel() for a in axes] == ["model", "model.effects.sx.k"]
+    assert "failed: job(s) 2" in figure.get_suptitle()
+
+
+def test_without_swept_keys_the_objective_is_plotted_by_job_number():
+    table = pd.DataFrame({"job": [0, 1], "status": ["FINISHED", "FAILED"], "rmse_test": [1.0, math.nan]})
+    (panel,) = sweep_objective_panels(table, "rmse_test", [])
+    assert panel["param"] == "job" and panel["x"] == [0.0, 1.0] and panel["failed"] == [False, True]

@@ -284,7 +284,7 @@ def sweep_description(table: pd.DataFrame, swept: Sequence[str], selection: str,
 def write_summary(client: Any, parent_run_id: str, table: pd.DataFrame, objective: str, asked: bool = False,
                   swept: Sequence[str] = ()) -> None:
     """The sweep's table (CSV and markdown), job and failure counts, best job (see `crown_best`),
-    description and objective per job on the parent run."""
+    description and objective plot on the parent run."""
     import tempfile
 
     from mlflow.entities import RunTag
@@ -305,5 +305,6 @@ def write_summary(client: Any, parent_run_id: str, table: pd.DataFrame, objectiv
             "sweep_failed_jobs": failed_jobs,
             "mlflow.note.content": sweep_description(table, swept, selection, objective, best)}
     client.log_batch(parent_run_id, tags=[RunTag(key, value[:5000]) for key, value in tags.items()])
-    if objective in table.columns and table[objective].notna().any():
-        client.log_figure(parent_run_id, sweep_objective_figure(table, objective), "sweep/objective.png")
+    if len(table):
+        figure = sweep_objective_figure(table, objective, swept, best_job=None if best is None else best["job"])
+        client.log_figure(parent_run_id, figure, "sweep/objective.png")
