@@ -26,14 +26,15 @@ def run_job(cfg, failed: List[int]) -> Optional[float]:
 
     from tamrun.errors import ConfigError, TamrunError
     from tamrun.runner import run
-    from tamrun.tracking.sweep import objective_name, record_refused_job, sweep_tags
+    from tamrun.tracking.sweep import objective_name, record_refused_job, sweep_run_name, sweep_tags
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
+    name = sweep_run_name(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides, cfg) if multirun else None
     try:
-        result = run(cfg, overrides=overrides, tags=tags)
+        result = run(cfg, overrides=overrides, tags=tags, run_name=name)
         if cfg.mode.name == "plan":
             sys.stdout.write(result.plan.describe() + "\n")
             return None
@@ -49,7 +50,7 @@ def run_job(cfg, failed: List[int]) -> Optional[float]:
             sys.exit(2)
         failed.append(hydra_cfg.job.num)  # the sweep goes on: every job runs whatever another did
         if exc.run_id is None:
-            record_refused_job(cfg, tags, exc)
+            record_refused_job(cfg, tags, exc, name)
         return float("nan")
     return result.metrics[objective]
 

@@ -38,10 +38,12 @@ TRACKED_JOBS: Dict[ModeName, Callable[[Prepared, TrackedRun], RunResult]] = {
 }
 
 
-def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None) -> RunResult:
+def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None,
+        run_name: Optional[str] = None) -> RunResult:
     """Fit, evaluate and record one experiment described by a composed config (``mode=plan``: only
     plan the memory, without fitting and without an MLflow run). ``tags`` are added to the run's
-    (a sweep job's sweep id and parent run).
+    (a sweep job's sweep id and parent run); ``run_name`` names it (default ``<model>-<data>``; a
+    sweep job's: its swept values; ``tracking.run_name`` wins over both).
 
     Raises:
         tamrun.errors.TamrunError: bad config, data, device or memory limit (the MLflow run, if
@@ -53,7 +55,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         with unplanned_oom_refused(config.memory.safety_margin_bytes):
             return plan_job(prepare(config, specs, devices, fitting=False))
-    with TrackedRun(config.tracking, run_name=f"{config.model.name}-{config.data.name}",
+    with TrackedRun(config.tracking, run_name=run_name or f"{config.model.name}-{config.data.name}",
                     tags=run_tags(config, tags)) as tracked:
         try:
             log_config(tracked, cfg, overrides)

@@ -53,7 +53,8 @@ def test_a_parallel_sweep_records_every_job_under_one_parent(tmp_path, csv_path)
     """4 jobs, 2 processes at once (hydra/launcher=parallel, joblib's loky), one sqlite store."""
     store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
     done = tamrun("-m", "hydra/launcher=parallel", *sweep_args(csv_path, store, sweep_dir),
-                  "model.effects.sx.k=6,8,10,12", cwd=tmp_path)
+                  "model.effects.sx.k=6,8,10,12", "tracking.log_plots=false", "tracking.log_model=false",
+                  cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Joblib.Parallel(n_jobs=2,backend=loky" in done.stdout + done.stderr
     client, parent, children = sweep_runs(store, sweep_dir)
@@ -67,7 +68,12 @@ def test_a_parallel_sweep_records_every_job_under_one_parent(tmp_path, csv_path)
         assert row.run_id == run.info.run_id
         assert row.rmse_test == pytest.approx(run.data.metrics["rmse_test"], rel=1e-12)
         assert "model.effects.sx.k=" in row.overrides
-    assert parent.data.metrics["best_rmse_test"] == pytest.approx(summary["rmse_test"].min(), rel=1e-12)
+    # each run named by its swept value; no validation split: the test year crowns no best run
+    assert [r.info.run_name for r in children] == ["k=6", "k=8", "k=10", "k=12"]
+    assert [r.data.tags["sweep.model.effects.sx.k"] for r in children] == ["6", "8", "10", "12"]
+    assert summary["model.effects.sx.k"].tolist() == [6, 8, 10, 12] and summary["rmse_test"].notna().all()
+    assert not any(key.startswith("best") for key in [*parent.data.tags, *parent.data.metrics])
+    assert parent.data.tags["sweep_selection"].startswith("none: rmse_test is a test metric")
     assert "sweep/objective.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
     assert "| job | run_id |" in (Path(client.download_artifacts(parent.info.run_id, "sweep/summary.md",
                                                                      str(tmp_path)))).read_text()
@@ -78,7 +84,8 @@ def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_p
     store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
     done = tamrun("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1",
                   "hydra.sweeper.sampler.seed=0", *sweep_args(csv_path, store, sweep_dir),
-                  "split.validation_start=2020-11-01", "model.effects.sx.ap=interval(-9.0, 1.0)", cwd=tmp_path)
+                  "split.validation_start=2020-11-01", "model.effects.sx.ap=interval(-9.0, 1.0)",
+                  "tracking.log_plots=false", "tracking.log_model=false", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     client, parent, children = sweep_runs(store, sweep_dir)
     assert len(children) == 4 and {r.info.status for r in children} == {"FINISHED"}
@@ -87,6 +94,10 @@ def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_p
     assert best["best_value"] == pytest.approx(min(validation), rel=1e-12)
     assert not any(math.isclose(best["best_value"], r.data.metrics["rmse_test"]) for r in children)
     assert parent.data.metrics["best_rmse_validation"] == pytest.approx(min(validation), rel=1e-12)
+    assert parent.data.tags["best_run_id"] == children[validation.index(min(validation))].info.run_id
+    # optuna may draw a value twice: the names carry the sampled value and the job number
+    assert [r.info.run_name.rsplit(" #", 1)[1] for r in children] == ["0", "1", "2", "3"]
+    assert all(r.info.run_name.startswith("ap=") for r in children)
     # the validation rows (Nov-Dec 2020) were not fitted: fewer training rows than the full year
     assert {r.data.metrics["n_train_rows"] for r in children} == {24 * (366 - 61)}
 
@@ -159,3 +170,10 @@ def test_a_bad_middle_job_fails_alone_and_the_sweep_exits_non_zero(tmp_path, csv
     summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/summary.csv", str(tmp_path)))
     assert summary["job"].tolist() == [0, 1, 2] and summary["status"].tolist() == ["FINISHED", "FAILED", "FINISHED"]
     assert parent.info.status == "FAILED"
+    # the values repeat (good, bad, good): the job number keeps the names apart
+    label = key.rsplit(".", 1)[1]
+    assert [r.info.run_name for r in children] == [f"{label}={good} #0", f"{label}={value} #1", f"{label}={good} #2"]
+    assert summary["error_type"].tolist()[1] == children[1].data.tags["error_type"]
+    assert parent.data.metrics["sweep_failed_jobs"] == 1
+    assert parent.data.tags["sweep_failed_jobs"] == "1 of 3 (job(s) 1)"
+    assert "2 finished, 1 did not (job 1 FAILED)" in parent.data.tags["mlflow.note.content"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import calendar
-from typing import Sequence
+from typing import List, Sequence
 
 import numpy as np
 import pandas as pd
@@ -164,18 +164,68 @@ def memory_timeline_figure(snapshots: list, limit: int | None, predicted_peak: i
     return figure
 
 
-def sweep_objective_figure(table: pd.DataFrame, objective: str, unit: str = ""):
-    """A sweep's objective per job (in job order) with the best so far."""
+def _axis_values(values: pd.Series) -> tuple:
+    """(x, tick labels): the values as numbers when every one is a number (no labels), else the
+    position of each value among the distinct values in order of appearance, and those values."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    if len(values) and numbers.notna().all():
+        return numbers.astype(float).tolist(), None
+    text = values.fillna("(none)").astype(str)
+    categories = list(dict.fromkeys(text))
+    return [float(categories.index(v)) for v in text], categories
+
+
+def sweep_objective_panels(table: pd.DataFrame, objective: str, swept: Sequence[str] = ()) -> List[dict]:
+    """The objective plot's data: one panel per swept key (one panel of job numbers when none is), each
+    with ``param``, ``x`` (the jobs' values of the key: numbers, or positions of the ``ticks`` labels
+    when any value is not a number), ``ticks`` (None on a numeric axis), ``y`` (the objective, NaN
+    where a job has none), ``failed`` (the job did not finish, or has no objective) and ``job``."""
+    y = (table[objective] if objective in table.columns else pd.Series(np.nan, index=table.index)).astype(float)
+    failed = ((table["status"] != "FINISHED") | y.isna()).tolist()
+    keys = [key for key in swept if key in table.columns] or ["job"]
+    panels = []
+    for key in keys:
+        x, ticks = _axis_values(table[key])
+        panels.append({"param": key, "x": x, "ticks": ticks, "y": y.tolist(), "failed": failed,
+                       "job": table["job"].tolist()})
+    return panels
+
+
+def _objective_panel(axis, panel: dict, objective: str, best_job, unit: str) -> None:
+    x, y, failed = np.asarray(panel["x"]), np.asarray(panel["y"]), np.asarray(panel["failed"], dtype=bool)
+    axis.plot(x[~failed], y[~failed], "o", ms=5, alpha=0.8, label=f"{objective} of a job")
+    if best_job is not None and best_job in panel["job"]:
+        at = panel["job"].index(best_job)
+        axis.plot([x[at]], [y[at]], "*", ms=14, color="tab:red", label=f"best (job {best_job})")
+    if failed.any():  # at the axis' bottom: they have no objective
+        axis.plot(x[failed], np.zeros(int(failed.sum())), "x", ms=9, mew=2, color="black", clip_on=False,
+                  transform=axis.get_xaxis_transform(), label="failed job (no objective)")
+    if panel["ticks"] is not None:
+        axis.set_xticks(range(len(panel["ticks"])), panel["ticks"], rotation=30 if len(panel["ticks"]) > 4 else 0)
+        axis.set_xlim(-0.5, len(panel["ticks"]) - 0.5)
+    axis.set_xlabel(panel["param"])
+    axis.set_ylabel(_label(objective, unit))
+    axis.grid(alpha=0.3)
+
+
+def sweep_objective_figure(table: pd.DataFrame, objective: str, swept: Sequence[str] = (), best_job=None,
+                           unit: str = ""):
+    """A sweep's objective against each swept key's values (one panel per key, see
+    `sweep_objective_panels`), the best job starred, the failed jobs as crosses at the bottom."""
     from matplotlib.figure import Figure
 
-    done = table.dropna(subset=[objective]).sort_values("job")
-    figure = Figure(figsize=(9, 4), layout="constrained")
-    axis = figure.subplots()
-    axis.plot(done["job"], done[objective], "o", ms=4, label=f"{objective} of the job")
-    axis.step(done["job"], done[objective].cummin(), where="post", color="tab:red", label="best so far")
-    axis.set_xlabel("job (trial) number")
-    axis.set_ylabel(_label(objective, unit))
-    axis.set_title(f"Sweep: {objective} per job ({len(done)} jobs)")
-    axis.grid(alpha=0.3)
-    axis.legend(loc="upper right")
+    panels = sweep_objective_panels(table, objective, swept)
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    figure = Figure(figsize=(max(8.0, 4.5 * columns + 1.5), 3.8 * rows + 0.4), layout="constrained")
+    axes = np.atleast_1d(figure.subplots(rows, columns)).ravel()
+    for axis, panel in zip(axes, panels):
+        _objective_panel(axis, panel, objective, best_job, unit)
+    for axis in axes[len(panels):]:
+        axis.set_visible(False)
+    axes[0].legend(loc="best", fontsize="small")
+    failed = [job for job, bad in zip(panels[0]["job"], panels[0]["failed"]) if bad]
+    figure.suptitle(f"Sweep: {objective} against the swept values ({len(table)} job(s)"
+                    + (f"; failed: job(s) {', '.join(map(str, failed[:20]))}{'...' if len(failed) > 20 else ''})"
+                       if failed else ")"), fontsize="medium")
     return figure
