@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import operator
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import typing
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from tamrun.config.load import typed_config
 from tamrun.config.schema import Config
@@ -74,3 +77,47 @@ def test_a_derived_column_added_on_the_command_line_is_computed_and_read(tmp_pat
     assert done.returncode == 0, output
     assert "route: direct (D=62 " in output, output
     assert "x 10 columns" in output, output  # the 9 the preset reads, and temperature
+
+
+# --- docs/own_data.md's worked example, run as written
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "own_data.md"
+EXAMPLE = ROOT / "docs" / "examples" / "byo"
+
+
+def guide_commands() -> list:
+    """The commands that follow ``cd docs/examples/byo`` in the guide, comments dropped."""
+    lines = [line.strip() for line in GUIDE.read_text(encoding="utf-8").splitlines()]
+    commands = lines[lines.index("cd docs/examples/byo") + 1:]
+    commands = commands[:next(i for i, line in enumerate(commands) if not line.startswith("python -m tamrun"))]
+    return [shlex.split(line, comments=True) for line in commands]
+
+
+def test_the_guide_shows_the_example_files_as_they_are():
+    guide = GUIDE.read_text(encoding="utf-8")
+    files = sorted((EXAMPLE / "conf").rglob("*.yaml"))
+    assert [f.relative_to(EXAMPLE).as_posix() for f in files] == ["conf/data/mydata.yaml", "conf/model/mymodel.yaml"]
+    for path in files:
+        assert path.read_text(encoding="utf-8") in guide, f"{path} differs from its copy in {GUIDE.name}"
+    assert "cd docs/examples/byo" in guide and len(guide_commands()) == 3
+
+
+@pytest.mark.slow
+def test_the_guide_commands_run_as_written(tmp_path):
+    """Each command of the guide, in a copy of the example's folder: the plan, a fit without tracking
+    (its RMSE as the guide states it), a fit recorded in outputs/mlflow.db with the example's data."""
+    folder = tmp_path / "byo"
+    shutil.copytree(EXAMPLE, folder)
+    outputs = []
+    for command in guide_commands():
+        assert command[:3] == ["python", "-m", "tamrun"]
+        done = tamrun(*command[3:], cwd=folder)
+        outputs.append(done.stdout + done.stderr)
+        assert done.returncode == 0, outputs[-1]
+    plan, untracked, tracked = outputs
+    assert "route: direct" in plan and "2 groups" in plan
+    assert "rmse_test=5.3 " in untracked and "rmse_test=5.3`" in GUIDE.read_text(encoding="utf-8")
+    (run,) = MlflowClient(tracking_uri=f"sqlite:///{folder / 'outputs' / 'mlflow.db'}").search_runs(["1"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["data.name"] == "shop" and run.data.params["model.name"] == "mymodel"
