@@ -45,7 +45,7 @@ def run_job(cfg, failed: List[int]) -> Optional[float]:
     except TamrunError as exc:
         if hydra_cfg.verbose or os.environ.get("TAMRUN_DEBUG"):
             traceback.print_exc()
-        sys.stderr.write(f"tamrun: {exc.kind} error: {exc}\n")
+        sys.stderr.write(exc.report_line())
         if not multirun:
             sys.exit(2)
         failed.append(hydra_cfg.job.num)  # the sweep goes on: every job runs whatever another did
@@ -64,6 +64,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from omegaconf import DictConfig
 
     from tamrun.config.load import config_dir
+    from tamrun.config.plugins import missing_plugin
     from tamrun.config.store import register_configs
     from tamrun.tracking.signals import exit_code
 
@@ -87,10 +88,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.stderr.write(f"tamrun: interrupted ({exc or 'SIGINT'}); the MLflow run, if started, is marked KILLED\n")
         raise SystemExit(exit_code(exc)) from None
     except SystemExit as exc:
-        # Hydra exits 1 on a bad override or an unknown config option, before the job starts:
-        # that is bad input too.
+        # Hydra exits 1 on a bad override, an unknown config option or a missing plugin, before the job
+        # starts: that is bad input too.
         if exc.code == 1 and not started:
-            sys.stderr.write(REFUSED_HINT)
+            # Hydra exits inside its handler of the error it reported: that error is the exit's context.
+            plugin = missing_plugin(exc.__context__)
+            sys.stderr.write(plugin.report_line() if plugin else REFUSED_HINT)
             raise SystemExit(2) from None
         raise
 

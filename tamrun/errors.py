@@ -44,6 +44,10 @@ class TamrunError(Exception):
         self.fix = fix
         super().__init__(f"{field}={shown(value)}: {problem}. Fix: {fix}")
 
+    def report_line(self) -> str:
+        """The line a command-line run ends with: ``tamrun: <kind> error: <field>=<value>: ... Fix: ...``."""
+        return f"tamrun: {self.kind} error: {self}\n"
+
 
 class ConfigError(TamrunError):
     """A config value is out of range, of the wrong kind, or inconsistent with another."""

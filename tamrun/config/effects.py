@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import MISSING, DictConfig
 
+from tamrun.config.entries import typed_entry
 from tamrun.config.ranges import EFFECTS, check_numbers
 from tamrun.errors import ConfigError
 
@@ -175,17 +175,7 @@ def parse_effect(name: str, node: Any, path_prefix: str = "model.effects") -> An
     if kind not in EFFECT_SPECS:
         raise ConfigError(f"{path}.kind", kind, "unknown effect kind",
                           f"use one of {', '.join(EFFECT_SPECS)}")
-    cls = EFFECT_SPECS[kind]
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls), node)
-        spec = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "key", None) or getattr(exc, "full_key", None) or "?"
-        allowed = ", ".join(f for f in cls.__dataclass_fields__ if f != "kind")
-        value = node.get(key) if isinstance(key, str) and key in node else None
-        reason = str(exc.msg).splitlines()[0]
-        raise ConfigError(f"{path}.{key}", value, f"not a valid field of a {kind} effect ({reason})",
-                          f"a {kind} effect takes: {allowed}") from None
+    spec = typed_entry(EFFECT_SPECS[kind], node, path, f"a {kind} effect", hidden=("kind",))
     if isinstance(spec, CrossingSpec):
         spec.left = parse_effect("left", spec.left, path)
         spec.right = parse_effect("right", spec.right, path)

@@ -10,6 +10,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tamrun.config.checks import check_config
 from tamrun.config.effects import parse_effects
+from tamrun.config.entries import type_mappings
 from tamrun.config.schema import Config
 from tamrun.errors import ConfigError
 
@@ -21,7 +22,8 @@ def config_dir() -> Path:
 
 
 def typed_config(cfg: Any) -> Tuple[Config, Dict[str, Any]]:
-    """Merge ``cfg`` into the `Config` schema, check every range and parse the effects.
+    """Merge ``cfg`` into the `Config` schema, type the entries of its mappings (`type_mappings`), check
+    every range and parse the effects.
 
     Raises:
         ConfigError: a missing, mistyped, unknown or out-of-range value (the message names it).
@@ -34,6 +36,7 @@ def typed_config(cfg: Any) -> Tuple[Config, Dict[str, Any]]:
         reason = str(getattr(exc, "msg", exc)).splitlines()[0]
         raise ConfigError(str(key), getattr(exc, "value", None), reason,
                           f"set {key}=<value> on the command line or in its YAML file") from None
+    type_mappings(config)
     check_config(config)
     effects_node = cfg.model.effects if isinstance(cfg, DictConfig) else config.model.effects
     specs = parse_effects(effects_node)

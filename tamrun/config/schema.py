@@ -4,7 +4,11 @@ The root `Config` is registered as ``base_config`` (see `tamrun.config.store`), 
 unknown key is refused by Hydra itself; range and consistency checks live in `tamrun.config.checks`.
 Effects are a mapping name -> spec (``Dict[str, Any]`` here) so that every field of every effect can
 be overridden on the command line; each spec is parsed into its kind's dataclass in
-`tamrun.config.effects`.
+`tamrun.config.effects`. Every other mapping of the schema is declared with `mapping_of`: ``Dict[str, Any]``
+to Hydra, so that a whole entry can be added on the command line
+(``'+data.derived.tempc={kind: expr, expr: "temperature - 273.15"}'``: OmegaConf refuses a plain dict as
+a new value of a ``Dict[str, <dataclass>]``), each entry typed into its dataclass by
+`tamrun.config.entries.type_mappings` (a misspelt field or a wrong type is refused there, with its full path).
 """
 
 from __future__ import annotations
@@ -17,6 +21,17 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from tamrun.memory.units import parse_size
+
+# The metadata keys of a `mapping_of` field: the dataclass of its entries, and what one entry is called.
+ENTRY_TYPE = "entry_type"
+ENTRY_NAME = "entry_name"
+
+
+def mapping_of(entry_type: type, entry_name: str) -> Any:
+    """A ``name -> entry_type`` field, declared ``Dict[str, Any]`` (see the module doc): its entries are
+    typed into ``entry_type`` when the config is loaded (`tamrun.config.entries.type_mappings`);
+    ``entry_name`` (e.g. "a derived column") names one in messages."""
+    return field(default_factory=dict, metadata={ENTRY_TYPE: entry_type, ENTRY_NAME: entry_name})
 
 
 class DType(str, Enum):
@@ -107,7 +122,8 @@ class DataConfig:
     date_column: str = "date"
     target: str = "Load"
     group: Optional[str] = "tod"
-    derived: Dict[str, DerivedColumn] = field(default_factory=dict)
+    # name -> DerivedColumn (typed when loaded, see `mapping_of`).
+    derived: Dict[str, Any] = mapping_of(DerivedColumn, "a derived column")
     nan_policy: NanPolicy = NanPolicy.error
     # The target's unit, on the plots' axes (e.g. MW); "" = none.
     unit: str = ""

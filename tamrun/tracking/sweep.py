@@ -27,7 +27,9 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from tamrun.config.plugins import check_plugins
 from tamrun.config.schema import TrackingConfig
+from tamrun.errors import ConfigError
 from tamrun.tracking.plots import sweep_objective_figure
 from tamrun.tracking.sweep_names import SweptKeys, job_run_name, job_values, swept_keys, value_tag, value_tags
 
@@ -169,6 +171,11 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from tamrun.tracking.mlflow_run import TrackedRun
 
+        try:  # before Hydra instantiates them: its error would come with a traceback
+            check_plugins(config.hydra)
+        except ConfigError as error:
+            sys.stderr.write(error.report_line())
+            raise SystemExit(2) from None  # an exception would be a warning of Hydra's callbacks
         settings = tracking_settings(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)

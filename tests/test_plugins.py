@@ -1,0 +1,145 @@
+"""A sweeper or launcher plugin that is not installed: one message naming the plugin and the pip
+command (tamrun's extra where it has one), exit code 2, no traceback.
+
+The installed plugins (optuna, submitit, joblib: the ``test`` extra) are hidden from one subprocess
+only (``sys.modules['hydra_plugins.<module>'] = None`` before Hydra scans its plugins), never
+uninstalled; the ray launcher is genuinely missing here (not in the ``test`` extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+
+from tamrun.config.plugins import PLUGINS, check_plugins, missing_plugin, plugin_of_option
+from tamrun.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY_INSTALLED = importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None
+
+SWEEP, RAY = "pip install 'tamrun[sweep]'", "pip install 'tamrun[ray]'"
+# (module hidden from the run, the command line, the option named, the plugin, the pip command)
+HIDDEN = [
+    ("hydra_optuna_sweeper", ["+experiment=tune_penalties"], "hydra/sweeper='optuna'", "hydra-optuna-sweeper", SWEEP),
+    ("hydra_optuna_sweeper", ["-m", "hydra/sweeper=optuna"], "hydra/sweeper='optuna'", "hydra-optuna-sweeper", SWEEP),
+    ("hydra_submitit_launcher", ["-m", "hydra/launcher=slurm"], "hydra/launcher='submitit_slurm'",
+     "hydra-submitit-launcher", SWEEP),
+    ("hydra_submitit_launcher", ["-m", "hydra/launcher=submitit_local"], "hydra/launcher='submitit_local'",
+     "hydra-submitit-launcher", SWEEP),
+    ("hydra_joblib_launcher", ["-m", "hydra/launcher=parallel"], "hydra/launcher='joblib'", "hydra-joblib-launcher",
+     "pip install hydra-joblib-launcher"),
+]
+HIDE = ("import sys; sys.modules['hydra_plugins.' + sys.argv.pop(1)] = None\n"
+        "from tamrun.__main__ import main; main(sys.argv[1:])")
+
+
+def run(argv: list, cwd: Path, hidden: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_"))}
+    command = [sys.executable, "-c", HIDE, hidden] if hidden else [sys.executable, "-m", "tamrun"]
+    return subprocess.run([*command, *argv, "tracking=none", "mode=plan"], cwd=cwd, capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def assert_one_plugin_message(done: subprocess.CompletedProcess, option: str, plugin: str, install: str) -> None:
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    lines = [line for line in output.splitlines() if line.startswith("tamrun: ")]
+    assert lines == [f"tamrun: config error: {option}: needs the Hydra plugin {plugin}, which is not installed. "
+                     f"Fix: {install}, or pick another option (python -m tamrun --hydra-help lists them)"], output
+    assert "Traceback" not in output and "spelling" not in output
+
+
+@pytest.mark.parametrize("hidden,argv,option,plugin,install", HIDDEN, ids=[" ".join(h[1]) for h in HIDDEN])
+def test_a_missing_plugin_is_named_with_its_install_command(tmp_path, hidden, argv, option, plugin, install):
+    assert_one_plugin_message(run(argv, tmp_path, hidden), option, plugin, install)
+
+
+@pytest.mark.skipif(RAY_INSTALLED, reason="the ray launcher is installed here")
+@pytest.mark.parametrize("option", ["ray_cluster", "ray"])
+def test_the_ray_launcher_missing_is_named_before_the_sweep_starts(tmp_path, option):
+    """ray_cluster composes without the plugin (conf/hydra/launcher/ray_cluster.yaml): the sweep callback
+    refuses it before Hydra instantiates it (no parent run, no traceback); ray is the plugin's own option."""
+    done = run(["-m", f"hydra/launcher={option}"], tmp_path)
+    assert_one_plugin_message(done, f"hydra/launcher='{option}'", "hydra-ray-launcher", RAY)
+    assert "sweep " not in done.stdout + done.stderr  # the callback stopped before opening the sweep
+
+
+def test_a_misspelt_option_keeps_the_spelling_hint(tmp_path):
+    done = run(["-m", "hydra/launcher=slrum"], tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "Could not find 'hydra/launcher/slrum'" in output
+    assert "check the field's spelling" in output and "pip install" not in output
+
+
+@pytest.mark.parametrize("message,installed_here", [
+    ("In 'hydra/config': Could not find 'hydra/launcher/ray'", False),
+    ("In 'hydra/launcher/ray_cluster': Could not load 'hydra/launcher/ray'.", False),
+    ("Unknown plugin class : 'hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher'", False),
+    ("In 'hydra/config': Could not find 'hydra/sweeper/optuna'", True),
+    ("In 'hydra/launcher/slurm': Could not load 'hydra/launcher/submitit_slurm'.", True),
+])
+def test_hydra_s_messages_map_to_the_plugin_when_it_is_missing(message, installed_here):
+    """Hydra's own errors, as it raises them (the exit's context, or a cause of it): named when the plugin
+    is missing, None when it is installed (then the message is about something else)."""
+    if RAY_INSTALLED and not installed_here:
+        pytest.skip("the ray launcher is installed here")
+    try:
+        try:
+            raise MissingConfigException(message, missing_cfg_file="x")
+        except MissingConfigException as cause:
+            raise ConfigCompositionException("composition failed") from cause
+    except ConfigCompositionException as error:
+        found = missing_plugin(error)
+    if installed_here:
+        assert found is None
+    else:
+        assert found is not None and "hydra-ray-launcher" in str(found) and RAY in str(found)
+        assert found.field == "hydra/launcher"
+
+
+def test_other_errors_map_to_nothing():
+    assert missing_plugin(None) is None
+    assert missing_plugin(MissingConfigException("Could not find 'hydra/launcher/slrum'", missing_cfg_file="x")) is None
+    assert missing_plugin(ValueError("Could not find 'model/nope'")) is None
+
+
+def test_every_option_of_the_table_names_its_plugin():
+    assert plugin_of_option("hydra/sweeper/sampler/tpe").distribution == "hydra-optuna-sweeper"
+    assert plugin_of_option("hydra/launcher/submitit_local").extra == "sweep"
+    assert plugin_of_option("hydra/launcher/ray_aws").extra == "ray"
+    assert plugin_of_option("hydra/launcher/slrum") is None
+    assert plugin_of_option("hydra/launcher/rayon") is None
+
+
+def requirement_names(requirements: list) -> set:
+    return {re.split(r"[<>=\[ ;]", req, maxsplit=1)[0] for req in requirements}
+
+
+def test_the_table_agrees_with_pyproject_extras():
+    """A plugin with an extra is in that extra of pyproject.toml, one without is in none, and every
+    Hydra plugin pyproject.toml names is in the table."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {extra: requirement_names(reqs) for extra, reqs in project["optional-dependencies"].items()}
+    for plugin in PLUGINS:
+        holding = {extra for extra, names in extras.items() if plugin.distribution in names} - {"test"}
+        assert holding == ({plugin.extra} if plugin.extra else set()), plugin
+    named = requirement_names(project["dependencies"]).union(*extras.values())
+    assert {n for n in named if n.startswith("hydra-")} - {"hydra-core"} <= {p.distribution for p in PLUGINS}
+
+
+def test_check_plugins_passes_installed_plugins_and_refuses_a_missing_one():
+    hydra = {"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"},
+             "launcher": {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"},
+             "runtime": {"choices": {"hydra/launcher": "parallel"}}}
+    check_plugins(OmegaConf.create(hydra))
+    hydra["launcher"]["_target_"] = "hydra_plugins.hydra_nowhere_launcher.nowhere.NowhereLauncher"
+    with pytest.raises(ConfigError, match=r"hydra/launcher='parallel': needs the Hydra plugin hydra-nowhere-launcher"):
+        check_plugins(OmegaConf.create(hydra))
