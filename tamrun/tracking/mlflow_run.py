@@ -25,10 +25,11 @@ from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, 
 from tamrun.tracking.stale import close_stale_runs, process_tags
 from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client, sqlite_path,
                                   store_error)
+from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
 
 log = logging.getLogger(__name__)
 
-# MLflow 3's UI opens an experiment of this kind on its runs table (not the GenAI overview).
+# The experiment's kind in MLflow 3's UI: a model-training one (its runs table and view: tamrun.tracking.ui_view).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "forecasting"}
 
 
@@ -75,6 +76,8 @@ class TrackedRun:
             raise
         self.runlog.start()
         log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, self.uri)
+        log.info("compare runs in the MLflow UI%s: %s", "" if self.uri.startswith("http") else
+                 f" (mlflow ui --backend-store-uri {self.uri})", runs_table_url(self.uri, self.experiment_id))
         return self
 
     def start_detached(self) -> str:
@@ -106,8 +109,9 @@ class TrackedRun:
 
         self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
         self.experiment_id = self._experiment_id()
-        check_artifact_location(self.client.get_experiment(self.experiment_id).artifact_location,
-                                "tracking.artifact_root")
+        experiment = self.client.get_experiment(self.experiment_id)
+        check_artifact_location(experiment.artifact_location, "tracking.artifact_root")
+        ensure_runs_view(self.client, experiment)
         run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags={**self.tags, **process_tags()})
         self.run_id = run.info.run_id
         try:

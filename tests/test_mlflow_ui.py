@@ -1,0 +1,55 @@
+"""What a user finds in MLflow after a sweep on the embedded data: runs told apart by name, their data,
+source and model recorded the MLflow way, the runs table's view, and a logged model that predicts
+from the raw table by itself. The CLI in a subprocess, a real sqlite store, MLflow's own loaders."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+
+from tamrun.data.load import embedded_path
+from tamrun.tracking.ui_view import RUNS_VIEW_TAG
+
+from test_cli import tamrun
+from test_sweeps import sweep_runs
+
+SOURCE_TAGS = {"mlflow.source.name": "python -m tamrun", "mlflow.source.type": "LOCAL"}
+
+
+def test_a_two_job_sweep_is_comparable_and_its_models_predict_from_raw_rows(tmp_path, monkeypatch):
+    store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    done = tamrun("-m", "model=fourier,spline", f"tracking.uri={store}", f"hydra.sweep.dir={sweep_dir}",
+                  "tracking.log_plots=false", "progress=off", cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "CloudPickle" not in output  # the model is logged from code, nothing pickled by MLflow
+    client, parent, children = sweep_runs(store, sweep_dir)
+    assert [c.info.run_name for c in children] == ["fourier", "spline"]  # named by the swept value
+
+    view = json.loads(client.get_experiment(parent.info.experiment_id).tags[RUNS_VIEW_TAG])
+    assert {"metrics.`rmse_test`", "metrics.`fit_seconds`", "params.`route`", "tags.`sweep.model`"} <= set(
+        view["selectedColumns"])
+
+    raw = pd.read_csv(embedded_path(), parse_dates=["date"])  # the table as the user has it
+    rows_2024 = raw[raw["date"].dt.year == 2024]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # what models:/ URIs resolve against
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert SOURCE_TAGS.items() <= child.data.tags.items() and child.data.tags.get("mlflow.user")
+        contexts = {i.tags[0].value: i.dataset for i in child.inputs.dataset_inputs}
+        assert set(contexts) == {"training", "testing"} and {d.name for d in contexts.values()} == {"national"}
+        models = client.search_logged_models([child.info.experiment_id],
+                                             filter_string=f"source_run_id = '{child.info.run_id}'")
+        assert len(models) == 1 and models[0].status.name == "READY"
+        predicted = mlflow.pyfunc.load_model(f"models:/{models[0].model_id}").predict(rows_2024)
+
+        logged = pd.read_parquet(client.download_artifacts(child.info.run_id, "predictions/predictions.parquet",
+                                                           str(tmp_path)))
+        test = logged[logged["split"] == "test"].set_index(["date", "group"])["predicted"]
+        expected = test.loc[list(zip(rows_2024["date"], rows_2024["tod"]))].to_numpy()
+        assert len(predicted) == len(expected) == 17_568
+        # the same model, design and coefficients in float64: equal to 1e-6 MW on loads of about 50,000 MW
+        assert np.max(np.abs(np.asarray(predicted) - expected)) <= 1e-6
