@@ -2,7 +2,8 @@
 
 Starts `mlflow server` on 127.0.0.1 with a fresh sqlite store in a temporary folder, records a
 two-job sweep into it over HTTP (python -m tamrun -m tracking.uri=http://127.0.0.1:PORT ...), and
-saves the experiment's run list and the comparison of the two runs as PNGs:
+saves as PNGs the experiment's run list, opened at the link every run logs (tamrun's shared view of
+the runs table: no column picked by hand), and the comparison of the two runs:
 
     python docs/ui_screenshots.py --out docs/img [--port 5077] [--chromium chromium]
 
@@ -26,6 +27,8 @@ import urllib.request
 from pathlib import Path
 from typing import List
 
+from tamrun.tracking.ui_view import runs_table_url
+
 log = logging.getLogger("ui_screenshots")
 
 JOBS = ["model=fourier,spline"]  # the two runs to compare
@@ -44,15 +47,13 @@ def wait_for(url: str, seconds: float) -> None:
     raise TimeoutError(f"{url} did not answer within {seconds:.0f} s")
 
 
-METRICS = ["rmse_test", "fit_seconds", "peak_memory_bytes", "oom_retries"]  # columns of the run list
-HIDDEN = ["Dataset", "Source", "Models"]  # attribute columns left out of the run list
+METRICS = ["rmse_test", "fit_seconds", "peak_memory_bytes", "oom_retries"]  # the compare view's plot
 
 
-def open_page(browser, base: str, height: int):
-    """A page in MLflow's "Model training" mode, its assistant panel closed."""
-    page = browser.new_page(viewport={"width": 1600, "height": height})
-    page.goto(f"{base}/")
-    page.get_by_text("Model training", exact=True).first.click(timeout=60_000)
+def open_page(browser, url: str, height: int):
+    """A fresh browser page (no saved view: what a new user sees) at ``url``."""
+    page = browser.new_page(viewport={"width": 2200, "height": height})
+    page.goto(url)
     return page
 
 
@@ -64,16 +65,11 @@ def close_assistant(page) -> None:
 
 
 def run_list(browser, base: str, experiment: str, path: Path) -> None:
-    """The experiment's runs: the sweep's parent expanded, the metrics people compare as columns."""
-    page = open_page(browser, base, 520)
-    page.goto(f"{base}/#/experiments/{experiment}/runs")
+    """The experiment's runs at the link every tamrun run logs (its columns are tamrun's shared view:
+    nothing picked by hand), the sweep's parent expanded to list its jobs."""
+    page = open_page(browser, runs_table_url(base, experiment), 520)
     page.get_by_text("sweep-", exact=False).first.wait_for(timeout=60_000)
     close_assistant(page)
-    page.get_by_role("button", name="Columns").click()
-    for name in HIDDEN + METRICS:
-        page.get_by_text(name, exact=True).last.click()
-        page.wait_for_timeout(200)
-    page.keyboard.press("Escape")
     parent = page.get_by_text("sweep-", exact=False).first.bounding_box()
     page.mouse.click(parent["x"] - 32, parent["y"] + parent["height"] / 2)  # the row's expand toggle
     page.wait_for_timeout(1500)
@@ -83,8 +79,8 @@ def run_list(browser, base: str, experiment: str, path: Path) -> None:
 
 def comparison(browser, base: str, experiment: str, ids: List[str], path: Path) -> None:
     """The two runs side by side: run details, the parameters that differ and every metric."""
-    page = open_page(browser, base, 1150)
-    page.goto(f"{base}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment])}".replace(" ", ""))
+    url = f"{base}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment])}".replace(" ", "")
+    page = open_page(browser, url + "&workflowType=machine_learning", 1150)
     page.get_by_text("Run details", exact=True).wait_for(timeout=60_000)
     close_assistant(page)
     # The parallel coordinates plot: the metrics people compare instead of its default (rmse_train).

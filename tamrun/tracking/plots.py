@@ -9,6 +9,10 @@ import numpy as np
 import pandas as pd
 
 
+# The training data's histogram under each partial effect: its tallest bin, as a fraction of the panel's height.
+HISTOGRAM_HEIGHT = 0.25
+
+
 def _label(name: str, unit: str) -> str:
     return f"{name} ({unit})" if unit else name
 
@@ -87,7 +91,9 @@ def partial_effects_figure(curves: Sequence[dict], unit: str = "", columns: int 
     the mean over groups, over a histogram of the column's training values (the data range).
 
     ``curves``: dicts with ``name``, ``column``, ``grid`` (n,), ``values`` (G, n), ``data`` (training
-    values of the column) and ``discrete`` (levels: markers instead of lines)."""
+    values of the column) and ``discrete`` (levels: markers instead of lines). The histogram's heights are
+    relative (the tallest bin is `HISTOGRAM_HEIGHT` of the panel)."""
+    from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
     columns = max(1, min(columns, len(curves)))
@@ -95,16 +101,19 @@ def partial_effects_figure(curves: Sequence[dict], unit: str = "", columns: int 
     figure = Figure(figsize=(4.2 * columns, 3.2 * rows), layout="constrained")
     axes = np.atleast_1d(figure.subplots(rows, columns)).ravel()
     for axis, curve in zip(axes, curves):
-        counts = axis.twinx()
-        counts.hist(curve["data"], bins=40 if not curve["discrete"] else len(curve["grid"]), color="0.85",
-                    zorder=0)
-        counts.set_ylabel("training rows", color="0.5", fontsize="small")
-        counts.tick_params(axis="y", colors="0.5", labelsize="small")
-        axis.set_zorder(counts.get_zorder() + 1)
-        axis.patch.set_visible(False)
+        # where the training data lie: their histogram in the bottom quarter of the panel (x: data, y: axes
+        # fraction), one artist on the same axes (a second y axis doubled the tick labels to lay out)
+        heights, edges = np.histogram(curve["data"], bins=40 if not curve["discrete"] else len(curve["grid"]))
+        axis.stairs(HISTOGRAM_HEIGHT * heights / max(1, heights.max()), edges, fill=True, color="0.85", zorder=0,
+                    transform=axis.get_xaxis_transform())
         style = dict(marker="o", ls="--") if curve["discrete"] else {}
-        for line in curve["values"]:
-            axis.plot(curve["grid"], line, color="tab:blue", alpha=0.15, lw=0.6, **style)
+        grid, values = np.asarray(curve["grid"], dtype=float), np.asarray(curve["values"], dtype=float)
+        if curve["discrete"]:
+            for line in values:
+                axis.plot(grid, line, color="tab:blue", alpha=0.15, lw=0.6, **style)
+        else:  # every group's curve as one artist
+            axis.add_collection(LineCollection(np.stack([np.broadcast_to(grid, values.shape), values], axis=-1),
+                                               colors="tab:blue", alpha=0.15, linewidths=0.6))
         axis.plot(curve["grid"], curve["values"].mean(axis=0), color="black", lw=1.6, label="mean over groups",
                   **style)
         axis.set_title(f"{curve['name']}", fontsize="medium")
