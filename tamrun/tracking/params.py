@@ -7,8 +7,10 @@ only (`experiment_params`):
   the command line or by a preset (``model/*.yaml``, ``data/*.yaml``, an experiment);
 - the settings every comparison needs (`ALWAYS`: the model, the data, the mode, the solver, the
   dtype, the device asked for and the split's dates), even at their defaults;
-- nothing about where and how the run is recorded (`NEVER`: ``tracking.*``, ``progress``) and, in
-  ``mode=run``, nothing of the other modes (``adaptive.*``); null settings are left out.
+- the active mode's own section whole (``adaptive.*`` in ``mode=adaptive``), nothing of the other
+  modes' (``adaptive.*`` in ``mode=run``);
+- nothing about where and how the run is recorded (`NEVER`: ``tracking.*``, ``progress``); null
+  settings are left out.
 """
 
 from __future__ import annotations
@@ -61,10 +63,12 @@ def experiment_params(resolved: Mapping[str, Any], defaults: Mapping[str, Any]) 
     flat, base = flatten(resolved), flatten(defaults)
     mode = str(flat.get("mode.name", "run"))
     skipped = NEVER + tuple(prefix for name, prefix in MODE_SECTIONS.items() if name != mode)
+    active = MODE_SECTIONS.get(mode, "\0")
     kept: Dict[str, Any] = {}
     for key, value in flat.items():
         if key.startswith(skipped):
             continue
-        if key in ALWAYS or (value is not None and value != "{}" and (key not in base or base[key] != value)):
+        set_here = value is not None and value != "{}" and (key not in base or base[key] != value)
+        if key in ALWAYS or set_here or (key.startswith(active) and value is not None):
             kept[key] = value
     return kept
