@@ -7,6 +7,7 @@ SIGTERM (the MLflow run is marked KILLED); 1 an internal error (with its traceba
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -96,6 +97,10 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.stderr.write(plugin.report_line() if plugin else REFUSED_HINT)
             raise SystemExit(2) from None
         raise
+    finally:
+        # Everything alive now lives until the process ends: without this, the interpreter's last
+        # collections walk torch's, pandas' and mlflow's millions of objects (1.2 s of a 10 s run).
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ import pandas as pd
 
 # The training data's histogram under each partial effect: its tallest bin, as a fraction of the panel's height.
 HISTOGRAM_HEIGHT = 0.25
+# The band of a partial effect: these quantiles of the groups' curves at each point.
+SPREAD = (0.1, 0.9)
+SPREAD_LABEL = "10-90% of the groups"
+# Partial-effect panels: width and height, and the figure's margin above and below them (inches).
+PANEL_WIDTH, PANEL_HEIGHT, PANEL_MARGIN = 4.2, 3.2, 0.6
 
 
 def _label(name: str, unit: str) -> str:
@@ -87,18 +92,23 @@ def residuals_by_period_figure(table: pd.DataFrame, period: str, split: str = "t
 
 
 def partial_effects_figure(curves: Sequence[dict], unit: str = "", columns: int = 3):
-    """One panel per effect: its contribution against its first column, one thin line per group and
-    the mean over groups, over a histogram of the column's training values (the data range).
+    """One panel per effect: its contribution against its first column, the mean over groups and the
+    band of `SPREAD` quantiles of the groups' curves, over a histogram of the column's training values
+    (the data range). (One line per group, 48 on the national data, took most of the recording's time
+    to draw and encode, and hid the mean.)
 
     ``curves``: dicts with ``name``, ``column``, ``grid`` (n,), ``values`` (G, n), ``data`` (training
     values of the column) and ``discrete`` (levels: markers instead of lines). The histogram's heights are
     relative (the tallest bin is `HISTOGRAM_HEIGHT` of the panel)."""
-    from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
     columns = max(1, min(columns, len(curves)))
     rows = max(1, -(-len(curves) // columns))
-    figure = Figure(figsize=(4.2 * columns, 3.2 * rows), layout="constrained")
+    height = PANEL_HEIGHT * rows + 2 * PANEL_MARGIN
+    figure = Figure(figsize=(PANEL_WIDTH * columns, height))
+    # a fixed grid (a layout engine's passes over every tick label took as long as the drawing)
+    figure.subplots_adjust(left=1.0 / (PANEL_WIDTH * columns), right=0.99, bottom=PANEL_MARGIN / height,
+                           top=1 - PANEL_MARGIN / height, wspace=0.4, hspace=0.55)
     axes = np.atleast_1d(figure.subplots(rows, columns)).ravel()
     for axis, curve in zip(axes, curves):
         # where the training data lie: their histogram in the bottom quarter of the panel (x: data, y: axes
@@ -106,16 +116,14 @@ def partial_effects_figure(curves: Sequence[dict], unit: str = "", columns: int 
         heights, edges = np.histogram(curve["data"], bins=40 if not curve["discrete"] else len(curve["grid"]))
         axis.stairs(HISTOGRAM_HEIGHT * heights / max(1, heights.max()), edges, fill=True, color="0.85", zorder=0,
                     transform=axis.get_xaxis_transform())
-        style = dict(marker="o", ls="--") if curve["discrete"] else {}
         grid, values = np.asarray(curve["grid"], dtype=float), np.asarray(curve["values"], dtype=float)
+        low, high = np.quantile(values, SPREAD, axis=0)  # (n,) each: the spread over the groups
         if curve["discrete"]:
-            for line in values:
-                axis.plot(grid, line, color="tab:blue", alpha=0.15, lw=0.6, **style)
-        else:  # every group's curve as one artist
-            axis.add_collection(LineCollection(np.stack([np.broadcast_to(grid, values.shape), values], axis=-1),
-                                               colors="tab:blue", alpha=0.15, linewidths=0.6))
-        axis.plot(curve["grid"], curve["values"].mean(axis=0), color="black", lw=1.6, label="mean over groups",
-                  **style)
+            axis.vlines(grid, low, high, color="tab:blue", alpha=0.5, lw=4, label=SPREAD_LABEL)
+            axis.plot(grid, values.mean(axis=0), "o--", color="black", lw=1.2, label="mean over groups")
+        else:
+            axis.fill_between(grid, low, high, color="tab:blue", alpha=0.25, lw=0, label=SPREAD_LABEL)
+            axis.plot(grid, values.mean(axis=0), color="black", lw=1.6, label="mean over groups")
         axis.set_title(f"{curve['name']}", fontsize="medium")
         axis.set_xlabel(curve["column"])
         axis.set_ylabel(_label("contribution", unit))
