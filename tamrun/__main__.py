@@ -61,6 +61,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     # pyarrow's default pool (mimalloc), which pandas reads through, reserves 1 GiB of address space at
     # its first use (an import below may be it): under ulimit -v it would take the run's room (docs/memory.md)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    # MLflow draws a download bar when it checks the logged model's input example (a local copy)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import hydra
     from omegaconf import DictConfig
 
