@@ -32,7 +32,7 @@ from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
 from tamrun.tracking.plots import sweep_objective_figure
 from tamrun.tracking.sweep_names import SweptKeys, job_run_name, job_values, swept_keys, value_tag, value_tags
-from tamrun.tracking.ui_view import add_sweep_columns, runs_table_url
+from tamrun.tracking.ui_view import runs_table_url, store_runs_view
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class SweepCallback(Callback):
             parent = TrackedRun(settings, run_name=f"sweep-{sweep_id}", tags=tags)
             parent.start_detached()
             swept = SweptKeys.from_json(info).labels
-            add_sweep_columns(parent.client, parent.experiment_id, [value_tag(key) for key in swept], parent.run_id)
+            store_runs_view(parent.client, parent.experiment_id, [value_tag(key) for key in swept])
             log.info("compare the jobs in the MLflow UI: %s", runs_table_url(parent.uri, parent.experiment_id))
             info.update(parent_run_id=parent.run_id, experiment_id=parent.experiment_id, tracking_uri=parent.uri,
                         busy_timeout_s=settings.busy_timeout_s, lock_timeout_s=settings.lock_timeout_s)

@@ -6,7 +6,7 @@ experiments open on their runs table with the metrics that matter:
 
 - a shared view, stored on the experiment as the tag ``mlflow.sharedViewState.tamrun``
   (`RUNS_VIEW_TAG`): the runs table's columns (`METRIC_COLUMNS`, `PARAM_COLUMNS`, the dataset and
-  the model, and a sweep's swept values, `add_sweep_columns`);
+  the model, and a sweep's swept values: `store_runs_view`);
 - the link that opens it in the model-training workflow (`runs_table_url`), logged by every run:
 
       <UI>/#/experiments/<id>/runs?workflowType=machine_learning&viewStateShareKey=tamrun
@@ -34,29 +34,27 @@ def column(kind: str, name: str) -> str:
     return f"{kind}.`{name}`"
 
 
-def runs_view(extra_tags: Iterable[str] = (), expanded: Iterable[str] = ()) -> dict:
-    """The shared view: runs newest first, the columns above, then the tags ``extra_tags``; the parent
-    runs ``expanded`` show their children."""
+def runs_view(extra_tags: Iterable[str] = ()) -> dict:
+    """The shared view: runs newest first, the columns above, then the tags ``extra_tags``. (A shared
+    view cannot expand a parent run: MLflow drops ``runsExpanded`` from it; a sweep's ``+`` lists its jobs.)"""
     columns: List[str] = [column("attributes", name) for name in ATTRIBUTE_COLUMNS]
     columns += [column("metrics", name) for name in METRIC_COLUMNS]
     columns += [column("params", name) for name in PARAM_COLUMNS]
     columns += [column("tags", name) for name in extra_tags]
     return {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
             "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
-            "selectedColumns": columns, "runsExpanded": {run_id: True for run_id in expanded}}
+            "selectedColumns": columns}
+
+
+def store_runs_view(client: Any, experiment_id: str, extra_tags: Iterable[str] = ()) -> None:
+    """Store `runs_view` (with the tags ``extra_tags`` as columns) on the experiment."""
+    client.set_experiment_tag(experiment_id, RUNS_VIEW_TAG, json.dumps(runs_view(extra_tags)))
 
 
 def ensure_runs_view(client: Any, experiment: Any) -> None:
     """Store the shared view on ``experiment`` (an MLflow Experiment) unless it has one already."""
     if RUNS_VIEW_TAG not in (experiment.tags or {}):
-        client.set_experiment_tag(experiment.experiment_id, RUNS_VIEW_TAG, json.dumps(runs_view()))
-
-
-def add_sweep_columns(client: Any, experiment_id: str, tags: Iterable[str], parent_run_id: str) -> None:
-    """Show a sweep's swept values (the tags ``tags``) in the experiment's shared view, its parent run
-    expanded (its jobs listed under it)."""
-    view = runs_view(tags, [parent_run_id])
-    client.set_experiment_tag(experiment_id, RUNS_VIEW_TAG, json.dumps(view))
+        store_runs_view(client, experiment.experiment_id)
 
 
 def ui_base(tracking_uri: str) -> str:
