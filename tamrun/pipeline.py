@@ -124,7 +124,8 @@ def plan_memory(config: Config, features: Features, devices: DeviceManager, n_pr
                 n_scored_rows: int = 0) -> Plan:
     """The oracle's plan for this problem on this device under memory.limit. On the CPU what the
     recording will add after the fit (`recording_reserve`) is kept free beside the safety margin."""
-    oracle = MemoryOracle(config.memory, config.memory.limit_bytes, on_gpu=devices.kind != "cpu")
+    oracle = MemoryOracle(config.memory, config.memory.limit_bytes, on_gpu=devices.kind != "cpu",
+                          direct_max_dim=config.solver.direct_max_dim)
     train = features.train
     size = problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
                         n_predict_rows)

@@ -44,7 +44,7 @@ def window_oracle(config: Config, on_gpu: bool) -> MemoryOracle:
     """The memory oracle with the window fractions in place of the chunk fractions."""
     memory = replace(config.memory, chunk_fraction_cpu=config.memory.window_fraction_cpu,
                      chunk_fraction_gpu=config.memory.window_fraction_gpu)
-    return MemoryOracle(memory, config.memory.limit_bytes, on_gpu)
+    return MemoryOracle(memory, config.memory.limit_bytes, on_gpu, config.solver.direct_max_dim)
 
 
 def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_windows: int, step_rows: int,

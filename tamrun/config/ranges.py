@@ -97,6 +97,7 @@ SETTINGS: Dict[str, Range] = {
                         fix="set solver.tol=1e-6 (or null for the dtype's default)"),
     "solver.max_iter": Range(1, 10**9, what="the iteration cap"),
     "solver.block_max_dim": POSITIVE_COUNT,
+    "solver.direct_max_dim": POSITIVE_COUNT,
     "solver.jitter": Range(0, 1e6, what="the jitter"),
     "solver.jitter_growth": Range(1, 1e6, low_open=True, what="the jitter's growth"),
     "solver.jitter_max_tries": Range(0, 100, what="the number of tries"),

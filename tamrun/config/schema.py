@@ -57,12 +57,16 @@ class Preconditioner(str, Enum):
     none = "none"
     jacobi = "jacobi"
     block_jacobi = "block_jacobi"  # exact inverse of the dense effects' block, Jacobi elsewhere
+    two_level = "two_level"  # block_jacobi plus a coarse correction on the forests' tree sums (solve/coarse.py)
 
 
 class CountDType(str, Enum):
-    """The dual form's leaf co-occurrence counts: bfloat16 (exact up to 256 trees, float32 beyond)
-    or float32 (exact up to 2^24)."""
+    """The dual form's leaf co-occurrence counts: bfloat16 (exact up to 256 trees, float32 beyond),
+    float32 (exact up to 2^24), or auto: bfloat16 where the hardware multiplies it natively (CUDA, CPUs
+    with AVX512-BF16 / AMX), else float32 (bfloat16 products are emulated, ~5x slower than float32, on
+    an AVX2 CPU)."""
 
+    auto = "auto"
     bfloat16 = "bfloat16"
     float32 = "float32"
 
@@ -246,14 +250,20 @@ class MemoryConfig:
 @dataclass
 class SolverConfig:
     name: SolverName = SolverName.auto
+    # solver=auto factors a dense system (D, or N in the dual form) of at most this dimension; beyond
+    # it the two-level preconditioned CG is the faster exact route (forest_fourier, N = 4,039: 255
+    # iterations against the dual form's 48 factorisations, docs/benchmarks.md). memory.max_dense_dim
+    # bounds it from the memory side.
+    direct_max_dim: int = 2048
     # CG stops when ||r_g|| <= tol * ||b_g|| for every group g; None = the dtype's default
     # (tamrun.solve.cg.DEFAULT_TOL: 1e-6 in float64, 1e-4 in float32).
     tol: Optional[float] = None
     # CG's iteration cap per group (a warning names this setting when it is hit).
     max_iter: int = 2000
     # CG preconditioner: none | jacobi | block_jacobi (the dense effects' block inverted exactly, each
-    # leaf's block of a forest crossing likewise, Jacobi elsewhere).
-    preconditioner: Preconditioner = Preconditioner.block_jacobi
+    # leaf's block of a forest crossing likewise, Jacobi elsewhere) | two_level (block_jacobi plus a
+    # coarse correction on each forest's tree sums and the dense columns; block_jacobi without forests).
+    preconditioner: Preconditioner = Preconditioner.two_level
     # block_jacobi inverts the dense columns' block when it has at most this many columns (else Jacobi).
     block_max_dim: int = 512
     # Jitter added to the normalised system: (Phi'Phi/n + P + jitter I) beta = Phi'y/n.
@@ -276,8 +286,9 @@ class SolverConfig:
     # pair costs about 44 bytes of temporaries, see tamrun/memory/footprint.py).
     dual_scatter_pairs_per_step: int = 1 << 20
     # Dual form: the dtype of that dense product; bfloat16 is exact for forests of at most 256 trees
-    # (float32 is used beyond) and several times faster on CPUs and GPUs with bfloat16 arithmetic.
-    dual_counts_dtype: CountDType = CountDType.bfloat16
+    # (float32 is used beyond) and several times faster on CPUs and GPUs with bfloat16 arithmetic;
+    # auto takes it only there (`tamrun.solve.dual.count_dtype`).
+    dual_counts_dtype: CountDType = CountDType.auto
     # Dual form: rows of K's lower triangle built at a time (the temporaries are about
     # dual_tile_rows x N x (2 itemsize + 2) bytes).
     dual_tile_rows: int = 1024

@@ -35,6 +35,7 @@ import torch
 
 from tamrun.config.schema import SolverConfig
 from tamrun.effects.indexed import SORT_SLOTS
+from tamrun.solve.coarse import two_level_dims
 from tamrun.solve.dual import count_dtype
 
 if TYPE_CHECKING:  # typing only: the design is read through its declared widths
@@ -67,6 +68,7 @@ class ProblemSize:
     row: RowBytes = field(default_factory=lambda: RowBytes(0, 0, 0, 0))
     n_predict_rows: int = 0
     preconditioner_elements: int = 0  # per group: the blocks block-Jacobi inverts (Dd^2 + sum R Q^2)
+    coarse_elements: int = 0  # per group: the two-level correction's (`coarse_elements`)
     kernel_row: int = 0  # bytes per row of the dual route's whitened rows (`kernel_row_bytes`)
     kernel_build: int = 0  # the dual's temporaries while K is built (`kernel_build_bytes`)
 
@@ -176,10 +178,11 @@ def problem_size(n_groups: int, n_rows: int, design: "AdditiveDesign", itemsize:
                  n_predict_rows: int = 0) -> ProblemSize:
     """The sizes the memory oracle plans with, for ``n_groups`` groups of ``n_rows`` (padded) rows."""
     blocks = 0
-    if solver.preconditioner.value == "block_jacobi":
+    if solver.preconditioner.value in ("block_jacobi", "two_level"):
         blocks = design.dense_width ** 2 if design.dense_width <= solver.block_max_dim else 0
         blocks += sum(e.width * e.grid_q for e in design.indexed_effects if e.grid_q > 1)  # R Q^2
-    counts = getattr(torch, solver.dual_counts_dtype.value)
+    # auto resolves per device when the kernel is built; float32's itemsize bounds both choices
+    counts = torch.float32 if solver.dual_counts_dtype.value == "auto" else getattr(torch, solver.dual_counts_dtype.value)
     forests = [(e.slots, e.width // e.grid_q, count_dtype(e.slots, counts).itemsize,
                 e.width // e.grid_q > solver.dual_dense_counts_max) for e in design.indexed_effects]
     kernel_build = kernel_build_bytes(n_rows, itemsize, solver.dual_tile_rows, forests,
@@ -187,6 +190,7 @@ def problem_size(n_groups: int, n_rows: int, design: "AdditiveDesign", itemsize:
     return ProblemSize(n_groups=n_groups, n_rows=n_rows, width=design.width, itemsize=itemsize,
                        row=design_row_bytes(design, itemsize), n_predict_rows=n_predict_rows,
                        preconditioner_elements=blocks, kernel_row=kernel_row_bytes(design, itemsize),
+                       coarse_elements=coarse_elements(design, solver),
                        kernel_build=kernel_build)
 
 
@@ -277,10 +281,21 @@ def direct_row_bytes(p: ProblemSize) -> int:
     return max(p.row.build, p.row.store + max(p.row.gram, p.row.apply))
 
 
+def coarse_elements(design: "AdditiveDesign", solver: SolverConfig) -> int:
+    """Elements per group of the two-level correction (`tamrun.solve.coarse`): H and a product's
+    temporary, 2 S D, and E, its factor, its inverse and a product's temporary, 4 k^2; 0 without it."""
+    if solver.preconditioner.value != "two_level" or not design.indexed_effects:
+        return 0
+    sources, size = two_level_dims(design.dense_width, [(e.width // e.grid_q, e.grid_q, e.slots)
+                                                        for e in design.indexed_effects])
+    return 2 * sources * design.width + 4 * size * size
+
+
 def cg_system_bytes(p: ProblemSize) -> int:
-    """Bytes of one group's CG state: rhs, x, r, z, p, Ap, the Jacobi diagonal, a spare, and the
-    block-Jacobi blocks (their Gram, Cholesky factor and inverse while they are set up)."""
-    return (8 * p.width + 3 * p.preconditioner_elements) * p.itemsize
+    """Bytes of one group's CG state: rhs, x, r, z, p, Ap, the Jacobi diagonal, a spare, the
+    block-Jacobi blocks (their Gram, Cholesky factor and inverse while they are set up) and the
+    two-level correction's elements."""
+    return (8 * p.width + 3 * p.preconditioner_elements + p.coarse_elements) * p.itemsize
 
 
 def cg_cache_bytes(p: ProblemSize) -> int:

@@ -2,7 +2,8 @@
 `tamrun.memory.footprint`.
 
 Step 1 picks the route: dense direct if the dense system's dimension (D, or N in the dual form when
-a group has fewer rows N than columns D and solver.dual is on) is <= memory.max_dense_dim and one
+a group has fewer rows N than columns D and solver.dual is on) is <= memory.max_dense_dim and
+solver.direct_max_dim (beyond it two-level CG is the faster exact route) and one
 group's dense system (plus a one-row chunk) fits in memory.dense_fraction of the free memory, else
 matrix-free CG. Step 2 picks the chunks (`select_chunk`): the largest (groups, rows) whose footprint
 fits in memory.chunk_fraction_gpu / _cpu of the free memory. The user's memory.limit caps the free
@@ -118,10 +119,14 @@ class MemoryOracle:
         cfg: the memory config (waterfall fractions, D threshold, limit, overhead factor).
         limit: the user's limit in bytes (parsed ``cfg.limit``), or None.
         on_gpu: selects the GPU or CPU chunk fraction.
+        direct_max_dim: solver.direct_max_dim, the largest system solver=auto factors for speed (the
+            memory's own threshold is memory.max_dense_dim; the smaller one binds).
     """
 
-    def __init__(self, cfg: MemoryConfig, limit: Optional[int], on_gpu: bool) -> None:
+    def __init__(self, cfg: MemoryConfig, limit: Optional[int], on_gpu: bool,
+                 direct_max_dim: Optional[int] = None) -> None:
         self.cfg = cfg
+        self.direct_max_dim = direct_max_dim
         self.limit = limit
         self.chunk_fraction = cfg.chunk_fraction_gpu if on_gpu else cfg.chunk_fraction_cpu
 
@@ -166,10 +171,17 @@ class MemoryOracle:
         direct_fit, _ = self.costs(size, "direct", cache=False, dual=dual)
         direct = max(direct_fit.bytes(1, 1, overhead) / self.chunk_fraction,
                      self.dense_bytes(size, dual) / self.cfg.dense_fraction)
-        if self.system_dim(size, dual) > self.cfg.max_dense_dim and route is None:
+        if self.system_dim(size, dual) > self.max_dim[0] and route is None:
             direct = float("inf")
         fit = {"direct": direct, "cg": cg}.get(route, min(cg, direct))
         return int(max(fit, smallest_predict)) + 1
+
+    @property
+    def max_dim(self) -> Tuple[int, str]:
+        """(the largest dense system solver=auto factors, the setting that says so)."""
+        if self.direct_max_dim is not None and self.direct_max_dim < self.cfg.max_dense_dim:
+            return self.direct_max_dim, "solver.direct_max_dim"
+        return self.cfg.max_dense_dim, "memory.max_dense_dim"
 
     def system_dim(self, size: ProblemSize, dual: bool) -> int:
         """The dense system's dimension: N in the dual form, else D."""
@@ -185,12 +197,13 @@ class MemoryOracle:
         room = self.cfg.dense_fraction * self.capped_free(free, held)
         dim = self.system_dim(size, dual)
         name = f"N={dim} (dual form, D={size.width})" if self.dual_form(size, dual) else f"D={dim}"
-        if dim > self.cfg.max_dense_dim:
-            return "cg", f"{name} > memory.max_dense_dim={self.cfg.max_dense_dim}"
+        most, setting = self.max_dim
+        if dim > most:
+            return "cg", f"{name} > {setting}={most}"
         if dense >= room:
             return "cg", (f"one dense system needs {format_size(dense)} >= memory.dense_fraction x free "
                           f"= {format_size(room)}")
-        return "direct", f"{name} <= {self.cfg.max_dense_dim} and one dense system needs {format_size(dense)}"
+        return "direct", f"{name} <= {most} and one dense system needs {format_size(dense)}"
 
     def binding(self, free: int, held: int = 0, bound: Optional[Limit] = None) -> Limit:
         """The limit that binds ``free``: memory.limit when it caps it (`capped_free`), else ``bound``
@@ -198,6 +211,25 @@ class MemoryOracle:
         if self.limit is not None and self.limit - held < free:
             return Limit("memory.limit", self.limit, held)
         return bound if bound is not None else Limit("device memory", free, 0)
+
+    def fit_chunk(self, size: ProblemSize, route: str, dual: bool, budget: int, minimal: int,
+                  bound: Limit) -> Tuple[ChunkPlan, bool, StepCost, StepCost]:
+        """(the fit's chunk, cache_design, fit cost, predict cost) on ``route``: CG keeps W Phi whole when
+        it fits, else rebuilds it at every product; the dual form solves one group at a time."""
+        overhead, max_rows, min_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows, self.cfg.min_chunk_rows
+        cache = route == "cg"
+        fit_cost, predict_cost = self.costs(size, route, cache, dual)
+        try:
+            fit = pick_chunk(1 if dual else size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget,
+                             overhead, min_rows, max_rows, "fit", minimal, bound)
+        except MemoryBudgetError:
+            if not cache:
+                raise
+            cache = False
+            fit_cost, predict_cost = self.costs(size, route, cache)
+            fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
+                             min_rows, max_rows, "fit", minimal, bound)
+        return fit, cache, fit_cost, predict_cost
 
     def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False, held: int = 0,
              bound: Optional[Limit] = None) -> Plan:
@@ -214,20 +246,16 @@ class MemoryOracle:
         dual = route == "direct" and self.dual_form(size, dual)
         free = self.capped_free(free, held)
         budget = int(self.chunk_fraction * free)
-        overhead, max_rows, min_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows, self.cfg.min_chunk_rows
         minimal = self.minimal_limit(size, dual, requested if requested in ("direct", "cg") else None)
-        cache = route == "cg"
-        fit_cost, predict_cost = self.costs(size, route, cache, dual)
-        try:  # the dual form solves one group at a time
-            fit = pick_chunk(1 if dual else size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget,
-                             overhead, min_rows, max_rows, "fit", minimal, bound)
+        try:
+            fit, cache, fit_cost, predict_cost = self.fit_chunk(size, route, dual, budget, minimal, bound)
         except MemoryBudgetError:
-            if not cache:
+            if requested != "auto" or route != "direct":
                 raise
-            cache = False  # W Phi does not fit whole: rebuild it chunk by chunk at every CG product
-            fit_cost, predict_cost = self.costs(size, route, cache)
-            fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
-                             min_rows, max_rows, "fit", minimal, bound)
+            route, dual = "cg", False  # the dense system fits, but not with its smallest chunk of rows
+            reason = f"the direct route's smallest chunk does not fit the budget of {format_size(budget)}"
+            fit, cache, fit_cost, predict_cost = self.fit_chunk(size, route, dual, budget, minimal, bound)
+        overhead, max_rows, min_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows, self.cfg.min_chunk_rows
         output = self.predict_output_bytes(size)
         chunk = pick_chunk(size.n_groups, max(size.n_rows, size.n_predict_rows), predict_cost.fixed,
                            predict_cost.per_row, max(0, budget - output), overhead, min_rows, max_rows, "predict",

@@ -8,7 +8,8 @@ Per group g with n_g real rows and 0/1 row weights W (padding has weight 0):
 `solve_normal_equations` normalises, adds P and the jitter and solves by batched Cholesky;
 `CgSystem` gives A only through products (CG route): A v = (W Phi)' (W Phi v) / n + P v + jitter v,
 with W Phi kept between products when the plan allows, and the pieces of the preconditioner
-(diag A, the dense effects' block, the grid rows' blocks) gathered in one pass over the rows.
+(diag A, the dense effects' block, the grid rows' blocks, and for two_level the coarse sources
+Phi' U_s of `tamrun.solve.coarse`) gathered in one pass over the rows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tamrun.config.schema import SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, add_gram_
 from tamrun.effects.design import AdditiveDesign
+from tamrun.solve.coarse import accumulate_sources, coarse_correction
 from tamrun.solve.direct import cholesky_solve
 from tamrun.solve.preconditioners import Preconditioner, grid_block_inverses, preconditioner
 from tamrun.solve.stats import SolveStats
@@ -128,8 +130,10 @@ class CgSystem:
         diag = torch.zeros_like(rhs)
         dd = dd if dd <= solver.block_max_dim else 0  # block_jacobi only for a small dense block
         dense_gram = torch.zeros(g, dd, dd, dtype=rhs.dtype, device=rhs.device)
-        blocked = solver.preconditioner.value == "block_jacobi"
+        blocked = solver.preconditioner.value in ("block_jacobi", "two_level")
+        two_level = solver.preconditioner.value == "two_level" and bool(self.design.indexed_effects)
         grid_grams: Optional[List[torch.Tensor]] = None
+        sources: Optional[torch.Tensor] = None  # two_level: Phi' U_s (g, S, D) (solve/coarse.py)
         for rows, chunk in zip(self.spans, self.chunks()):
             y = (batch.y[groups, rows] * batch.weight[groups, rows]).to(self.device)
             rhs += chunk.rmatvec(y)
@@ -138,13 +142,19 @@ class CgSystem:
                 add_gram_(dense_gram, chunk.dense)
             if blocked:
                 grid_grams = accumulate(grid_grams, chunk.grid_grams())
+            if two_level:
+                sources = accumulate_sources(sources, chunk)
         rhs /= n
         diag = diag / n + self.penalty.diagonal() + solver.jitter
         dense_block = dense_gram / n.unsqueeze(-1) + self.penalty.leading(dd)
         dense_block.diagonal(dim1=-2, dim2=-1).add_(solver.jitter)
         grid_blocks = grid_block_inverses(grid_grams or [], indexed_spans(self.design), self.penalty, n, solver.jitter)
         del grid_grams
-        return rhs, preconditioner(solver.preconditioner.value, diag, dense_block, grid_blocks, solver.block_max_dim)
+        one_level = preconditioner(solver.preconditioner.value, diag, dense_block, grid_blocks, solver.block_max_dim)
+        if sources is None:
+            return rhs, one_level
+        correction = coarse_correction(chunk, sources.div_(n.unsqueeze(-1)), self.penalty, solver.jitter)
+        return rhs, one_level if correction is None else correction.around(one_level)
 
 
 def accumulate(totals: Optional[List[torch.Tensor]], parts: List[torch.Tensor]) -> List[torch.Tensor]:

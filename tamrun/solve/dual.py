@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from tamrun.config.schema import SolverConfig
+from tamrun.config.schema import CountDType, SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock, jittered_factor
 from tamrun.effects.design import AdditiveDesign
@@ -39,6 +39,22 @@ from tamrun.solve.direct import cholesky_solve
 from tamrun.solve.stats import SolveStats
 
 BF16_EXACT_COUNTS = 256  # bfloat16 holds every integer up to 2^8 exactly
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices natively: CUDA, or a CPU whose oneDNN has
+    bfloat16 kernels (AVX512-BF16 / AMX); elsewhere (AVX2) torch emulates them, ~5x slower than float32."""
+    if device.type == "cuda":
+        return True
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return device.type == "cpu" and probe is not None and bool(probe())
+
+
+def requested_count_dtype(choice: CountDType, device: torch.device) -> torch.dtype:
+    """solver.dual_counts_dtype as a torch dtype on ``device`` (auto: bfloat16 where native, else float32)."""
+    if choice == CountDType.auto:
+        return torch.bfloat16 if native_bfloat16(device) else torch.float32
+    return getattr(torch, choice.value)
 
 
 def count_dtype(slots: int, requested: torch.dtype) -> torch.dtype:
@@ -154,7 +170,7 @@ def group_kernel(features: KernelFeatures, group: int, solver: SolverConfig) -> 
     dual_tile_rows."""
     dense = features.dense[group]
     n_rows, tile_rows = dense.shape[0], solver.dual_tile_rows
-    requested = getattr(torch, solver.dual_counts_dtype.value)
+    requested = requested_count_dtype(solver.dual_counts_dtype, dense.device)
     blocks = [(LeafCounts(leaves[group], grid_rows, solver.dual_dense_counts_max,
                           count_dtype(leaves.shape[-1], requested), solver.dual_scatter_max_leaf_rows,
                           solver.dual_scatter_pairs_per_step), values[group])

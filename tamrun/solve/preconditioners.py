@@ -6,6 +6,8 @@
                    A_dd (Dd x Dd, when Dd <= solver.block_max_dim) and, for each indexed block with
                    Q > 1 columns per grid row (forest crossings), every grid row's (Q, Q) diagonal
                    block A_r = G_r / n + lambda M + jitter I, inverted exactly by Cholesky.
+    two_level      block_jacobi plus a coarse correction on the forests' tree sums
+                   (`tamrun.solve.coarse`, built by `tamrun.solve.assembly.CgSystem`).
 
 The inverses are explicit: a preconditioner needs no more accuracy, and products are several times
 faster than triangular solves.
@@ -70,7 +72,8 @@ def dense_block_inverse(dense_block: torch.Tensor, block_max_dim: int) -> Option
 def preconditioner(kind: str, diag: torch.Tensor, dense_block: torch.Tensor,
                    grid_blocks: List[Tuple[int, torch.Tensor]], block_max_dim: int) -> Optional[Preconditioner]:
     """M^-1 per solver.preconditioner (``kind``): None for none; r / diag(A) for jacobi; block_jacobi
-    as in the module docstring, Jacobi on the columns outside its blocks."""
+    (also two_level's first level, `tamrun.solve.coarse`) as in the module docstring, Jacobi on the
+    columns outside its blocks."""
     if kind == "none":
         return None
     inverse_diagonal = 1.0 / diag

@@ -1,0 +1,187 @@
+"""The two-level preconditioner of the CG route: block-Jacobi plus a coarse correction on the trees.
+
+Every tree of a forest partitions the rows, so the sum of one tree's leaf columns (for a crossing,
+its leaves' column q) is the same function of the data whatever the tree: the intercept (or the
+crossing's q-th column). T trees leave T - 1 directions per column q that only the tiny penalty
+fixes; block-Jacobi, which sees one leaf at a time, cannot resolve them (forest x Fourier: 1,823
+iterations). The coarse space Z (D, k) holds exactly those sums, with the dense columns beside them:
+
+    dense column j:                 e_j                                        (j < Dd)
+    indexed block b, slot t, col q: sum of e_{start_b + r Q_b + q} over the grid rows r of slot t
+
+(slot t owns grid rows [t R/T, (t + 1) R/T), the layout of `tamrun.effects.forest`; a block whose R
+is not a multiple of T gets one slot). Z's columns have disjoint supports, so Z is stored as the
+coarse column of each design column, and Phi Z_i is one of S = Dd + sum_b Q_b "source" vectors U_s
+(the dense column j, or the block's row values' column q: a row lies in one grid row of each slot).
+With H_s = Phi' U_s / n (S rmatvecs in the assembly pass):
+
+    A Z_i = H_s(i) + P Z_i + jitter Z_i,    E = Z' A Z (k, k) per group, by Cholesky
+    Z' P Z = blockdiag(P_dd, |slot t| lambda M_b for every block and slot)      (closed form)
+
+and the balancing (BNN) preconditioner, symmetric positive definite for any full-rank Z:
+
+    M2^-1 r = (I - Z E^-1 (AZ)') M^-1 (I - AZ E^-1 Z') r + Z E^-1 Z' r
+
+It needs no product with Phi: per application two (S, D) and two (k, k) elementwise products per
+group, two products with P and three segment sums. Memory per group: H and a product's temporary
+(2 S D), and E, its factor, its inverse and a product's temporary (4 k^2):
+`tamrun.memory.footprint.coarse_elements`.
+Every product is per group and elementwise, so a group's result does not depend on its chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+from tamrun.effects.chunk import BlockPenalty, DesignChunk
+from tamrun.effects.indexed import IndexedBlock
+from tamrun.solve.preconditioners import Preconditioner, per_group_inverse
+
+log = logging.getLogger(__name__)
+
+
+def slot_rows(block: IndexedBlock) -> int:
+    """Grid rows per slot: R / T when the slots split the grid evenly, else R (one slot)."""
+    grid_rows, slots = block.n_rows_grid, block.shape[-1]
+    return grid_rows // slots if grid_rows % slots == 0 else grid_rows
+
+
+@dataclass
+class CoarseSpace:
+    """Z (D, k) with disjoint column supports: ``assignment`` (D,) the coarse column of each design
+    column, ``source`` (k,) the index s of U_s = Phi Z_i, ``sizes`` (k,) the design columns of each."""
+
+    assignment: torch.Tensor
+    source: torch.Tensor
+    sizes: torch.Tensor
+    n_sources: int
+
+    @property
+    def size(self) -> int:
+        return self.source.numel()
+
+    def restrict(self, v: torch.Tensor) -> torch.Tensor:
+        """Z' v: (g, D) -> (g, k), the sums of v over each coarse column's support."""
+        return v.new_zeros(v.shape[0], self.size).index_add_(1, self.assignment, v)
+
+    def prolong(self, c: torch.Tensor) -> torch.Tensor:
+        """Z c: (g, k) -> (g, D)."""
+        return c[:, self.assignment]
+
+    def by_source(self, c: torch.Tensor) -> torch.Tensor:
+        """(g, k) -> (g, S): the sums of c over the coarse columns that share a source vector."""
+        return c.new_zeros(c.shape[0], self.n_sources).index_add_(1, self.source, c)
+
+
+def coarse_space(chunk: DesignChunk) -> CoarseSpace:
+    """Z of a design (its layout read off one of its row chunks): the dense columns, then per indexed
+    block, slot and column q the slot's sum (module docstring)."""
+    dd, device = chunk.dense.shape[-1], chunk.dense.device
+    assignment = [torch.arange(dd, device=device)]
+    source, sizes, base, sources = [torch.arange(dd, device=device)], [torch.ones(dd, device=device)], dd, dd
+    for _, block in chunk.indexed:
+        q, per_slot = block.q, slot_rows(block)
+        slots = block.n_rows_grid // per_slot
+        grid_slot = torch.arange(block.n_rows_grid, device=device) // per_slot  # (R,)
+        assignment.append((base + grid_slot.unsqueeze(1) * q + torch.arange(q, device=device)).reshape(-1))
+        source.append((sources + torch.arange(q, device=device)).repeat(slots))
+        sizes.append(torch.full((slots * q,), float(per_slot), device=device))
+        base, sources = base + slots * q, sources + q
+    return CoarseSpace(torch.cat(assignment), torch.cat(source), torch.cat(sizes), sources)
+
+
+def source_vectors(chunk: DesignChunk) -> List[torch.Tensor]:
+    """U_s (g, n) for s < S: the chunk's dense columns, then each indexed block's row values' columns."""
+    out = [chunk.dense[..., j] for j in range(chunk.dense.shape[-1])]
+    for _, block in chunk.indexed:
+        values = block.row_values()
+        out += [values[..., q] for q in range(block.q)]
+    return out
+
+
+def accumulate_sources(total: Optional[torch.Tensor], chunk: DesignChunk) -> torch.Tensor:
+    """total (g, S, D) + Phi' U_s of one row chunk, for every source s."""
+    part = torch.stack([chunk.rmatvec(u) for u in source_vectors(chunk)], dim=1)
+    return part if total is None else total.add_(part)
+
+
+def coarse_penalty(space: CoarseSpace, chunk: DesignChunk, penalty: BlockPenalty) -> torch.Tensor:
+    """Z' P Z (k, k): P's dense block, then each slot's |slot| lambda M_b on its Q coarse columns."""
+    dd = chunk.dense.shape[-1]
+    out = torch.zeros(space.size, space.size, dtype=chunk.dense.dtype, device=chunk.dense.device)
+    if dd:
+        out[:dd, :dd] = penalty.leading(dd).to(out.dtype)
+    start = dd
+    grid_penalties = [b for b in penalty.blocks if b.grid]
+    for (_, block), pen in zip(chunk.indexed, grid_penalties):
+        q, per_slot = block.q, slot_rows(block)
+        for _ in range(block.n_rows_grid // per_slot):
+            out[start:start + q, start:start + q] = per_slot * pen.matrix
+            start += q
+    return out
+
+
+class CoarseCorrection:
+    """The balancing two-level preconditioner around a one-level ``base`` M^-1 (module docstring).
+
+    Args:
+        space: Z; a_phi: H (g, S, D), the sources' Phi' U_s / n; z_penalty: Z' P Z (k, k);
+        penalty: P; jitter: the system's jitter; inverse: E^-1 (g, k, k).
+    """
+
+    def __init__(self, space: CoarseSpace, a_phi: torch.Tensor, penalty: BlockPenalty, jitter: float,
+                 inverse: torch.Tensor) -> None:
+        self.space, self.a_phi, self.penalty, self.jitter, self.inverse = space, a_phi, penalty, jitter, inverse
+
+    def a_z(self, c: torch.Tensor) -> torch.Tensor:
+        """A Z c (g, D) for c (g, k), without a product with Phi."""
+        zc = self.space.prolong(c)
+        out = self.penalty.matvec(zc).add_(zc, alpha=self.jitter)
+        return out.add_((self.a_phi * self.space.by_source(c).unsqueeze(-1)).sum(dim=1))
+
+    def a_z_transposed(self, y: torch.Tensor) -> torch.Tensor:
+        """(A Z)' y = Z' A y (g, k) for y (g, D)."""
+        h = (self.a_phi * y.unsqueeze(1)).sum(dim=-1)  # (g, S): U_s' Phi y / n
+        return h[:, self.space.source] + self.space.restrict(self.penalty.matvec(y).add_(y, alpha=self.jitter))
+
+    def solve_coarse(self, c: torch.Tensor) -> torch.Tensor:
+        """E^-1 c (g, k), elementwise per group (see `tamrun.effects.chunk`)."""
+        return (self.inverse * c.unsqueeze(1)).sum(-1)
+
+    def around(self, base: Preconditioner) -> Preconditioner:
+        """M2^-1 = (I - Z E^-1 (AZ)') M^-1 (I - AZ E^-1 Z') + Z E^-1 Z'."""
+        def apply(r: torch.Tensor) -> torch.Tensor:
+            c = self.solve_coarse(self.space.restrict(r))
+            y = base(r - self.a_z(c))
+            return y + self.space.prolong(c - self.solve_coarse(self.a_z_transposed(y)))
+        return apply
+
+
+def coarse_correction(chunk: DesignChunk, a_phi: torch.Tensor, penalty: BlockPenalty,
+                      jitter: float) -> Optional[CoarseCorrection]:
+    """The correction of a chunk of groups from H = a_phi (g, S, D) (already divided by n): E = Z' A Z
+    factored per group; None (with a warning) where some group's E is not positive definite."""
+    space = coarse_space(chunk)
+    segment = a_phi.new_zeros(a_phi.shape[0], a_phi.shape[1], space.size).index_add_(2, space.assignment, a_phi)
+    coarse = segment[:, space.source, :].mT + coarse_penalty(space, chunk, penalty)  # Z' H_s(j), + Z' P Z
+    coarse.diagonal(dim1=-2, dim2=-1).add_(jitter * space.sizes.to(coarse.dtype))
+    coarse = (coarse + coarse.mT) / 2
+    factor, info = torch.linalg.cholesky_ex(coarse)
+    if bool((info > 0).any()):
+        log.warning("the coarse system Z'AZ is not positive definite: block-Jacobi without the coarse correction")
+        return None
+    return CoarseCorrection(space, a_phi, penalty, jitter, per_group_inverse(factor))
+
+
+def two_level_dims(dense_width: int, indexed: List[Tuple[int, int, int]]) -> Tuple[int, int]:
+    """(S, k) of a design: Dd + sum Q_b sources and Dd + sum T_b' Q_b coarse columns, for indexed
+    blocks given as (R, Q, T) (T_b' = T_b when T_b divides R, else 1)."""
+    sources, size = dense_width, dense_width
+    for grid_rows, q, slots in indexed:
+        sources += q
+        size += (slots if grid_rows % slots == 0 else 1) * q
+    return sources, size
