@@ -104,7 +104,8 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     fit, fit_seconds = _timed(lambda: fit_model(config, specs, splits, devices, loop), args.device)
     table, predict_seconds = _timed(lambda: fit.predict_frame(splits.test, "test"), args.device)
     out = {"fit_seconds": fit_seconds, "predict_seconds": predict_seconds, "route": fit.plan.route,
-           "width": fit.model.design.width, **_metrics(table["actual"].to_numpy(), table["predicted"].to_numpy())}
+           "width": fit.model.design.width, "setup_seconds": fit.stats.setup_seconds,
+           "solve_seconds": fit.stats.solve_seconds, **_metrics(table["actual"].to_numpy(), table["predicted"].to_numpy())}
     if fit.plan.route == "cg":
         out.update(cg_iterations=fit.stats.cg_iterations, cg_residual=fit.stats.cg_final_residual)
     return out

@@ -42,6 +42,8 @@ class SideSummary:
     cg_iterations: Optional[float]
     cg_residual: Optional[float]
     cg_max_iter: Optional[int]
+    setup: Optional[float] = None  # tamrun: median seconds building the system (Gram, kernel, CG operator)
+    solve: Optional[float] = None  # tamrun: median seconds solving it (factorisations, CG iterations)
 
 
 def _outcome(records: List[dict]) -> str:
@@ -74,7 +76,8 @@ def summarise(records: Iterable[dict]) -> List[SideSummary]:
                 fit=Spread.of([r["fit_seconds"] for r in ok]), predict=Spread.of([r["predict_seconds"] for r in ok]),
                 peak=Spread.of([r["peak_bytes"] for r in ok]), rmse=median("rmse"), mape=median("mape"),
                 cg_iterations=median("cg_iterations"), cg_residual=median("cg_residual"),
-                cg_max_iter=next((r["cg_max_iter"] for r in ok if r.get("cg_max_iter")), None)))
+                cg_max_iter=next((r["cg_max_iter"] for r in ok if r.get("cg_max_iter")), None),
+                setup=median("setup_seconds"), solve=median("solve_seconds")))
     return out
 
 
@@ -119,15 +122,16 @@ def markdown(records: Sequence[dict], header: Dict[str, str]) -> str:
     summaries = summarise(records)
     lines = [f"### {header.get('title', 'tamrun vs peer')}", ""]
     lines += [f"- {key}: {value}" for key, value in header.items() if key != "title"]
-    lines += ["", "| model | side | route | fit s median (min–max) | predict s | peak MiB above baseline | "
-              "test RMSE MW | MAPE % | CG iters / final rel. residual | runs |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| model | side | route | fit s median (min–max) | fit: setup + solve s | predict s | "
+              "peak MiB above baseline | test RMSE MW | MAPE % | CG iters / final rel. residual | runs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         cg = "–"
         if s.cg_iterations is not None:
             cap = f" (max_iter capped at {s.cg_max_iter})" if s.side == "peer" and s.cg_max_iter else ""
             cg = f"{s.cg_iterations:.0f} / {_num(s.cg_residual, '.1e')}{cap}"
-        lines.append(f"| {s.model} | {s.side} | {s.route or '–'} | {_spread(s.fit)} | {_spread(s.predict)} | "
+        parts = "–" if s.setup is None else f"{s.setup:.2f} + {s.solve:.2f}"
+        lines.append(f"| {s.model} | {s.side} | {s.route or '–'} | {_spread(s.fit)} | {parts} | {_spread(s.predict)} | "
                      f"{_spread(s.peak, MIB, 0)} | {_num(s.rmse, '.1f')} | {_num(s.mape, '.3f')} | {cg} | {s.outcome} |")
     for other in [side for side in SIDES[1:] if any(s.side == side for s in summaries)]:
         lines += ["", f"| model | fit speed-up ({other} / tamrun) | peak memory ratio ({other} / tamrun) | "

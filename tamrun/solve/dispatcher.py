@@ -11,6 +11,7 @@ the chunk's report merges into the fit's `FitStats`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Optional, Tuple
 
 import torch
@@ -75,13 +76,18 @@ class Dispatcher:
 
     def _direct(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty) -> Tuple[torch.Tensor, SolveStats]:
         device = self.devices.device
+        began = time.perf_counter()
         gram, rhs = normal_equations(self.design, batch, groups, device, self.plan.fit.rows)
-        return solve_normal_equations(gram, rhs, system_scale(batch, groups, device), penalty, self.solver)
+        built = time.perf_counter()
+        beta, stats = solve_normal_equations(gram, rhs, system_scale(batch, groups, device), penalty, self.solver)
+        stats.setup_seconds, stats.solve_seconds = built - began, time.perf_counter() - built
+        return beta, stats
 
     def _dual(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty) -> Tuple[torch.Tensor, SolveStats]:
         return fit_dual(self.design, batch, groups, penalty, self.devices.device, self.plan.fit.rows, self.solver)
 
     def _cg(self, batch: GroupedBatch, groups: slice, penalty: BlockPenalty) -> Tuple[torch.Tensor, SolveStats]:
+        began = time.perf_counter()
         system = CgSystem(self.design, batch, groups, self.devices.device, self.plan.fit.rows, self.plan.cache_design,
                           penalty, self.solver)
         rhs = system.rhs
@@ -94,8 +100,10 @@ class Dispatcher:
             if state.converged and not state.final:
                 self.loop.report_within(self.phase, groups.start + state.converged, total)
 
+        built = time.perf_counter()
         result = conjugate_gradient(system.matvec, rhs, system.preconditioner, tol, self.solver.max_iter, x0,
                                     progress)
         return result.x, SolveStats(cg_iterations=int(result.iterations.max()),
                                     cg_unconverged_groups=int((~result.converged).sum()),
-                                    cg_final_residual=float(result.relative_residual.max()), cg_history=result.history)
+                                    cg_final_residual=float(result.relative_residual.max()), cg_history=result.history,
+                                    setup_seconds=built - began, solve_seconds=time.perf_counter() - built)

@@ -25,6 +25,7 @@ Groups are solved one at a time (a group's K is N^2 numbers): the plan's fit chu
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -191,16 +192,20 @@ def dual_coefficients(chunks: List[DesignChunk], penalty: BlockPenalty, weighted
     (g, N), n (g,) the real row counts; solver: the jitter and its retries, and the kernel's
     settings (`group_kernel`)."""
     jitter = solver.jitter
+    began = time.perf_counter()
     features = kernel_features(chunks, penalty, jitter)
     alpha = torch.empty_like(weighted_y)
-    stats = SolveStats()
+    stats = SolveStats(setup_seconds=time.perf_counter() - began)
     for group in range(weighted_y.shape[0]):
+        began = time.perf_counter()
         kernel = group_kernel(features, group, solver)
         kernel.diagonal().add_(n[group])
+        built = time.perf_counter()
         solved, group_stats = cholesky_solve(kernel.unsqueeze(0), weighted_y[group:group + 1], 0.0,
                                              solver.jitter_growth, solver.jitter_max_tries, lower_only=True)
         del kernel
         alpha[group] = solved[0]
+        group_stats.setup_seconds, group_stats.solve_seconds = built - began, time.perf_counter() - built
         stats.merge(group_stats)
     start, rhs = 0, None
     for chunk in chunks:
