@@ -91,16 +91,34 @@ def test_the_coarse_pieces_equal_the_dense_products(forest_crossing):
         assert np.abs(correction.inverse[g].numpy() - expected).max() <= 1e-7 * np.abs(expected).max()
 
 
-def test_the_two_level_preconditioner_is_symmetric_positive_definite(forest_crossing):
-    """M2^-1 written out column by column: symmetric to 1e-8 and positive definite (CG needs both)."""
+def test_the_two_level_preconditioner_acts_as_the_balancing_one_from_its_start(forest_crossing):
+    """A-DEF2 (what CG applies) against the symmetric positive definite balancing preconditioner
+    B = (I - QA) M^-1 (I - AQ) + Q, Q = Z E^-1 Z', written out densely from block-Jacobi's M^-1:
+    B is SPD; CG's start x0 = Q b leaves a residual with Z' r = 0 (to 1e-10 relative); and on such
+    residuals A-DEF2 equals B (1e-8 relative): CG takes the steps of the balancing form."""
     batch, design = forest_crossing
-    system, _ = whole_system(batch, design)
+    two_level, _ = whole_system(batch, design)
+    one_level, _ = whole_system(batch, design, "block_jacobi")
+    space, groups = two_level.coarse.space, len(batch.groups)
+    z = space.prolong(torch.eye(space.size, dtype=torch.float64)).T.numpy()  # (D, k)
     eye = torch.eye(design.width, dtype=torch.float64)
-    for g in range(len(batch.groups)):
-        columns = [system.preconditioner(eye[i].expand(len(batch.groups), -1).clone())[g] for i in range(design.width)]
-        m = torch.stack(columns, dim=1).numpy()
-        assert np.abs(m - m.T).max() <= 1e-8 * np.abs(m).max()
-        assert np.linalg.eigvalsh((m + m.T) / 2).min() > 0
+
+    def dense(operator, g):  # column i: operator(e_i) of group g
+        return torch.stack([operator(eye[i].expand(groups, -1).clone())[g] for i in range(design.width)], 1).numpy()
+
+    start = two_level.start(None).numpy()
+    rng = np.random.default_rng(1)
+    for g, (a, b) in enumerate(dense_system(batch, design)):
+        q = z @ np.linalg.inv(z.T @ a @ z) @ z.T
+        m = dense(one_level.preconditioner, g)
+        balancing = (np.eye(len(b)) - q @ a) @ m @ (np.eye(len(b)) - a @ q) + q
+        assert np.abs(balancing - balancing.T).max() <= 1e-8 * np.abs(balancing).max()
+        assert np.linalg.eigvalsh((balancing + balancing.T) / 2).min() > 0
+        assert np.linalg.norm(z.T @ (b - a @ start[g])) <= 1e-10 * np.linalg.norm(z.T @ b)
+        r = rng.normal(size=len(b))
+        r -= z @ np.linalg.solve(z.T @ z, z.T @ r)  # Z' r = 0
+        applied = two_level.preconditioner(torch.as_tensor(np.tile(r, (groups, 1))))[g].numpy()
+        assert np.linalg.norm(applied - balancing @ r) <= 1e-8 * np.linalg.norm(balancing @ r)
 
 
 def fit_cg(batch, design, preconditioner, groups):

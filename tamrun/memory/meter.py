@@ -9,6 +9,11 @@ the charge when the storage is freed, and keeps the high-water mark:
     peak    = max over the operations of live(t)
 
 Tensors that existed before the block (the data) are not counted: the peak is the working memory.
+The freed storages are found lazily: an operation adds its new storages to an upper bound of live
+(deaths not yet seen); only when that bound passes the peak are the charged storages swept for the
+freed ones. Sweeping only lowers live, so a bound at or below the peak cannot raise it: the peak is
+exact, and a loop of many small operations (per-group products) does not pay one sweep of every
+charged storage per operation.
 """
 
 from __future__ import annotations
@@ -39,13 +44,19 @@ class TensorMeter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self._storages: Dict[Tuple[str, int], Tuple[StorageWeakRef, int]] = {}
-        self.live = 0
+        self._bound = 0  # live plus the bytes of charged storages freed since the last sweep
         self.peak = 0
+
+    @property
+    def live(self) -> int:
+        """The bytes of the charged storages alive now."""
+        self._sweep()
+        return self._bound
 
     def _sweep(self) -> None:
         dead = [key for key, (ref, _) in self._storages.items() if ref.expired()]
         for key in dead:
-            self.live -= self._storages.pop(key)[1]
+            self._bound -= self._storages.pop(key)[1]
 
     @staticmethod
     def _key(tensor: torch.Tensor) -> Tuple[str, int]:
@@ -55,7 +66,6 @@ class TensorMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self._sweep()
         # An output that shares an input's storage is a view or an in-place result: nothing new.
         inputs = {self._key(t) for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and t.layout == torch.strided}
@@ -63,10 +73,14 @@ class TensorMeter(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
                 storage = leaf.untyped_storage()
                 key = self._key(leaf)
+                if key in self._storages and self._storages[key][0].expired():  # its address reused
+                    self._bound -= self._storages.pop(key)[1]
                 if key not in self._storages and key not in inputs and storage.nbytes() > 0:
                     self._storages[key] = (StorageWeakRef(storage), storage.nbytes())
-                    self.live += storage.nbytes()
-        self.peak = max(self.peak, self.live)
+                    self._bound += storage.nbytes()
+        if self._bound > self.peak:
+            self._sweep()
+            self.peak = max(self.peak, self._bound)
         return out
 
     @classmethod
@@ -87,5 +101,4 @@ class TensorMeter(TorchDispatchMode):
         return True
 
     def reset_peak(self) -> None:
-        self._sweep()
         self.peak = self.live

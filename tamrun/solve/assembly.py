@@ -22,7 +22,7 @@ from tamrun.config.schema import SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, add_gram_
 from tamrun.effects.design import AdditiveDesign
-from tamrun.solve.coarse import accumulate_sources, coarse_correction
+from tamrun.solve.coarse import CoarseCorrection, accumulate_sources, coarse_correction
 from tamrun.solve.direct import cholesky_solve
 from tamrun.solve.preconditioners import Preconditioner, grid_block_inverses, preconditioner
 from tamrun.solve.stats import SolveStats
@@ -103,6 +103,7 @@ class CgSystem:
         self.spans = [slice(r0, r1) for r0, r1 in row_spans(batch.x.shape[1], row_chunk)]
         self.n = system_scale(batch, groups, device).view(-1, 1)
         self.cached: Optional[List[DesignChunk]] = None
+        self.coarse: Optional[CoarseCorrection] = None  # two_level's correction (set by _assemble)
         if cache:
             self.cached = [design_chunk(design, batch, groups, rows, device)[0] for rows in self.spans]
         self.rhs, self.preconditioner = self._assemble()
@@ -151,10 +152,14 @@ class CgSystem:
         grid_blocks = grid_block_inverses(grid_grams or [], indexed_spans(self.design), self.penalty, n, solver.jitter)
         del grid_grams
         one_level = preconditioner(solver.preconditioner.value, diag, dense_block, grid_blocks, solver.block_max_dim)
-        if sources is None:
-            return rhs, one_level
-        correction = coarse_correction(chunk, sources.div_(n.unsqueeze(-1)), self.penalty, solver.jitter)
-        return rhs, one_level if correction is None else correction.around(one_level)
+        if sources is not None:
+            self.coarse = coarse_correction(chunk, sources.div_(n.unsqueeze(-1)), self.penalty, solver.jitter)
+        return rhs, one_level if self.coarse is None else self.coarse.around(one_level)
+
+    def start(self, x0: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """CG's first iterate: ``x0`` (None: zeros), moved by the two-level correction when there is
+        one (`CoarseCorrection.start`)."""
+        return x0 if self.coarse is None else self.coarse.start(self.rhs, x0, self.matvec)
 
 
 def accumulate(totals: Optional[List[torch.Tensor]], parts: List[torch.Tensor]) -> List[torch.Tensor]:

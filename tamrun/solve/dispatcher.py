@@ -92,7 +92,7 @@ class Dispatcher:
                           penalty, self.solver)
         rhs = system.rhs
         tol = self.solver.tol if self.solver.tol is not None else DEFAULT_TOL[rhs.dtype]
-        x0 = None if self.initial is None else self.initial[groups].to(device=rhs.device, dtype=rhs.dtype)
+        x0 = system.start(None if self.initial is None else self.initial[groups].to(device=rhs.device, dtype=rhs.dtype))
         total = len(batch.groups)
 
         def progress(state: CgProgress) -> None:  # the group bar counts the chunk's converged groups
