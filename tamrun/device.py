@@ -18,7 +18,7 @@ import torch
 
 from tamrun.errors import DeviceError
 from tamrun.memory.limits import Limit, binding_limit
-from tamrun.threads import Threads, multirun_launcher, resolve_threads
+from tamrun.threads import Threads, job_threads
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,9 @@ class DeviceManager:
     @classmethod
     def from_config(cls, hw, dtype: torch.dtype) -> "DeviceManager":
         """From the ``hw`` config group (device, preference, threads) and the run's dtype; the threads
-        by `tamrun.threads.resolve_threads` (hw.threads, else the CPUs a job of this process's Hydra
-        multirun has, else all usable cores)."""
-        threads = resolve_threads(hw.threads, multirun_launcher())
-        return cls(hw.device.value, hw.preference, dtype, threads, hw.deterministic)
+        by `tamrun.threads.job_threads` (hw.threads, else the CPUs a job of this process's Hydra
+        multirun has, else all usable cores; at most OMP_NUM_THREADS)."""
+        return cls(hw.device.value, hw.preference, dtype, job_threads(hw.threads), hw.deterministic)
 
     @property
     def name(self) -> str:

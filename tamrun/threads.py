@@ -11,7 +11,9 @@ not fight over the cores (`resolve_threads`).
       jobs (one after another), an unknown launcher
 
 The counts of Ray and submitit are capped at the usable cores of the machine the job runs on, and left
-to the usable cores when unset. Usable cores: the CPUs of the process's affinity mask
+to the usable cores when unset. An OMP_NUM_THREADS in the environment caps the rule's count (not
+hw.threads): ``OMP_NUM_THREADS=1 python -m tamrun`` stays on one thread, as it did with torch's default,
+and in a joblib worker it holds joblib's own cores // n_jobs (loky sets it, or keeps the parent's). Usable cores: the CPUs of the process's affinity mask
 (os.sched_getaffinity: taskset, a cpuset, SLURM's binding), fewer under a CPU quota of its cgroup or an
 ancestor's (v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us: docker --cpus, a Kubernetes CPU limit),
 rounded down: a thread more than the quota is throttled at every period's end.
@@ -118,20 +120,36 @@ def launcher_threads(launcher: Mapping[str, Any], cores: int, where: str) -> Opt
 
 
 def resolve_threads(requested: Optional[int], launcher: Optional[Mapping[str, Any]],
-                    cores: Optional[Tuple[int, str]] = None) -> Threads:
+                    cores: Tuple[int, str], cap: Optional[int] = None) -> Threads:
     """The rule of the module doc: ``requested`` (hw.threads) wins; else the CPUs a job of a multirun
-    under ``launcher`` has; else (``launcher`` None: a single run) all ``cores`` (default:
-    `usable_cores`)."""
+    under ``launcher`` has; else (``launcher`` None: a single run) all ``cores`` ((count, source) as
+    `usable_cores` gives them); at most ``cap`` (OMP_NUM_THREADS) but for ``requested``."""
     if requested is not None:
         return Threads(int(requested), f"hw.threads={requested}")
-    count, where = cores or usable_cores()
+    count, where = cores
+    threads = Threads(count, f"single run: all {count} usable cores ({where})")
     if launcher is not None:
-        threads = launcher_threads(launcher, count, where)
-        if threads is not None:
-            return threads
         name = str(launcher.get("_target_", "")).rsplit(".", 1)[-1]
-        return Threads(count, f"multirun under {name}: all {count} usable cores ({where})")
-    return Threads(count, f"single run: all {count} usable cores ({where})")
+        threads = (launcher_threads(launcher, count, where)
+                   or Threads(count, f"multirun under {name}: all {count} usable cores ({where})"))
+    if cap is not None and cap < threads.count:
+        return Threads(cap, f"OMP_NUM_THREADS={cap} caps {threads.count} ({threads.reason})")
+    return threads
+
+
+def omp_threads(environ: Mapping[str, str] = os.environ) -> Optional[int]:
+    """OMP_NUM_THREADS as a positive count; None when unset or not one."""
+    try:
+        count = int(environ.get("OMP_NUM_THREADS", "").strip())
+    except ValueError:
+        return None
+    return count if count > 0 else None
+
+
+def job_threads(requested: Optional[int]) -> Threads:
+    """`resolve_threads` for this process: hw.threads, its Hydra multirun's launcher, its usable cores
+    and OMP_NUM_THREADS."""
+    return resolve_threads(requested, multirun_launcher(), usable_cores(), omp_threads())
 
 
 def multirun_launcher() -> Optional[Mapping[str, Any]]:

@@ -8,7 +8,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from tamrun.threads import cgroup_cpus, resolve_threads, usable_cores
+from tamrun.threads import cgroup_cpus, omp_threads, resolve_threads, usable_cores
 
 from conftest import csv_overrides
 from test_cli import tamrun
@@ -45,6 +45,16 @@ def test_hw_threads_wins_over_the_launcher():
 def test_a_single_run_takes_every_usable_core():
     threads = resolve_threads(None, None, CORES)
     assert (threads.count, threads.reason) == (8, "single run: all 8 usable cores (affinity)")
+
+
+def test_omp_num_threads_caps_the_rule_but_not_hw_threads():
+    """OMP_NUM_THREADS=1 python -m tamrun stays on one thread (as with torch's default)."""
+    assert [omp_threads(env) for env in ({}, {"OMP_NUM_THREADS": "2"}, {"OMP_NUM_THREADS": "0"},
+                                         {"OMP_NUM_THREADS": "two"})] == [None, 2, None, None]
+    threads = resolve_threads(None, None, CORES, cap=2)
+    assert (threads.count, threads.reason) == (2, "OMP_NUM_THREADS=2 caps 8 (single run: all 8 usable cores (affinity))")
+    assert resolve_threads(None, launcher("hydra/launcher=parallel"), CORES, cap=4).reason.startswith("2 jobs at once")
+    assert resolve_threads(6, None, CORES, cap=2).count == 6
 
 
 def test_the_basic_launchers_jobs_one_after_another_take_every_core():
@@ -100,8 +110,10 @@ def test_usable_cores_round_a_quota_down_and_never_reach_zero(tmp_path):
     assert usable_cores(tmp_path / "root", proc)[0] == 1
 
 
-def test_a_parallel_sweep_gives_each_job_half_the_cores(tmp_path, csv_path):
-    """2 jobs at once (hydra/launcher=parallel, joblib n_jobs=2): each job's log records cores // 2."""
+def test_a_parallel_sweep_gives_each_job_half_the_cores(tmp_path, csv_path, monkeypatch):
+    """2 jobs at once (hydra/launcher=parallel, joblib n_jobs=2): each job's log records cores // 2
+    (without an OMP_NUM_THREADS of the caller's, which would cap it)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     sweep_dir = tmp_path / "sweep"
     done = tamrun("-m", "hydra/launcher=parallel", "tracking=none", f"hydra.sweep.dir={sweep_dir}",
                   *csv_overrides(csv_path), "seed=1,2", cwd=tmp_path)
