@@ -18,6 +18,7 @@ import torch
 
 from tamrun.errors import DeviceError
 from tamrun.memory.limits import Limit, binding_limit
+from tamrun.threads import Threads, job_threads
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,13 @@ class DeviceManager:
             that is absent raises `DeviceError` (no silent fallback).
         preference: order tried by ``auto``.
         dtype: the run's dtype, checked against the device's capabilities.
-        threads: torch intra-op threads on the CPU (None: torch's default).
+        threads: torch intra-op threads on the CPU and why (`tamrun.threads.resolve_threads`; None:
+            torch's setting is left as it is); ``self.threads`` is what was applied (None off the CPU).
         deterministic: on CUDA, switch torch to deterministic algorithms (see `use_deterministic`).
     """
 
     def __init__(self, requested: str = "auto", preference: Sequence[str] = ("cuda", "mps", "xpu", "cpu"),
-                 dtype: torch.dtype = torch.float64, threads: Optional[int] = None,
+                 dtype: torch.dtype = torch.float64, threads: Optional[Threads] = None,
                  deterministic: bool = False) -> None:
         if requested == "auto":
             kind = next((k for k in preference if device_available(k)), "cpu")
@@ -104,16 +106,20 @@ class DeviceManager:
         self.kind = kind
         self.device = torch.device(kind)
         require_dtype(kind, dtype)
-        if threads is not None and kind == "cpu":
-            torch.set_num_threads(threads)
+        self.threads = threads if kind == "cpu" else None
+        if self.threads is not None:
+            torch.set_num_threads(self.threads.count)
+            log.info("threads: %d (%s)", self.threads.count, self.threads.reason)
         if deterministic and kind == "cuda":
             use_deterministic()
         log.info("device: %s (%s)", self.name, kind)
 
     @classmethod
     def from_config(cls, hw, dtype: torch.dtype) -> "DeviceManager":
-        """From the ``hw`` config group (device, preference, threads) and the run's dtype."""
-        return cls(hw.device.value, hw.preference, dtype, hw.threads, hw.deterministic)
+        """From the ``hw`` config group (device, preference, threads) and the run's dtype; the threads
+        by `tamrun.threads.job_threads` (hw.threads, else the CPUs a job of this process's Hydra
+        multirun has, else all usable cores; at most OMP_NUM_THREADS)."""
+        return cls(hw.device.value, hw.preference, dtype, job_threads(hw.threads), hw.deterministic)
 
     @property
     def name(self) -> str:

@@ -60,7 +60,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
         try:
             log_config(tracked, cfg, overrides)
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
-            tracked.set_tags({"device": devices.name, "device_kind": devices.kind})
+            tracked.set_tags({"device": devices.name, "device_kind": devices.kind, **thread_tags(devices)})
             with unplanned_oom_refused(config.memory.safety_margin_bytes):
                 prepared = prepare(config, specs, devices)
                 record_inputs(tracked, prepared)
@@ -77,6 +77,14 @@ def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
     (`tamrun.tracking.source`), and ``extra``."""
     return {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name,
             **source_tags(), **(extra or {})}
+
+
+def thread_tags(devices: DeviceManager) -> Dict[str, str]:
+    """``threads`` (torch's intra-op threads on the CPU) and ``threads_reason`` (the rule that chose them,
+    `tamrun.threads`); none off the CPU."""
+    if devices.threads is None:
+        return {}
+    return {"threads": str(devices.threads.count), "threads_reason": devices.threads.reason}
 
 
 def log_config(tracked: TrackedRun, cfg: Any, overrides: Optional[List[str]]) -> None:

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 import tamrun
 from tamrun.errors import DataError
 from tamrun.runner import run
+from tamrun.threads import job_threads
 
 from conftest import csv_overrides
 
@@ -51,6 +52,10 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     assert not {"memory.dense_fraction", "tracking.uri", "adaptive.window", "route_reason", "chunk_groups",
                 "progress"} & set(params), sorted(params)
     assert logged.data.tags["route_reason"].startswith("D=")
+    # a single run's torch threads: every usable core (at most OMP_NUM_THREADS), and why (tamrun.threads)
+    threads = job_threads(None)
+    assert (logged.data.tags["threads"], logged.data.tags["threads_reason"]) == (str(threads.count), threads.reason)
+    assert "single run: all " in threads.reason
     inputs = {i.tags[0].value: i.dataset for i in logged.inputs.dataset_inputs}  # context -> dataset
     assert set(inputs) == {"training", "testing"} and inputs["testing"].name == "national"
     assert json.loads(inputs["testing"].profile)["num_rows"] == 17_568 and inputs["testing"].digest != inputs["training"].digest

@@ -175,7 +175,10 @@ class HardwareConfig:
     device: DeviceKind = DeviceKind.auto
     # Order tried by device=auto.
     preference: List[str] = field(default_factory=lambda: ["cuda", "mps", "xpu", "cpu"])
-    # torch intra-op threads on the CPU; None leaves torch's default.
+    # torch intra-op threads on the CPU; None: the CPUs a job has (tamrun/threads.py): all usable cores
+    # (affinity mask, cgroup CPU quota) in a single run, cores // jobs at once in a parallel sweep
+    # (hydra/launcher=parallel: n_jobs), ray.remote.num_cpus or cpus_per_task under Ray or SLURM; at most
+    # OMP_NUM_THREADS when the environment sets it.
     threads: Optional[int] = None
     # CUDA only: torch.use_deterministic_algorithms (index_add_ by a sorted, deterministic kernel instead
     # of float atomics; cuBLAS with a fixed workspace) for bitwise-repeatable GPU runs, at some speed.

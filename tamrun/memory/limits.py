@@ -18,7 +18,8 @@ Dirty and writeback pages count as used until they reach the disk; the other fil
 not (the data file just read, the tracking store just written), are reclaimable.
 
 The cgroup is found from /proc/self/cgroup and /proc/self/mountinfo (the usual /sys/fs/cgroup paths
-otherwise). The parsing functions take the files' paths, so tests run them on fake files. The CPU
+otherwise; `cgroup_chain`, which `tamrun.threads` also reads for the CPU quota). The parsing functions
+take the files' paths, so tests run them on fake files. The CPU
 `DeviceManager.memory` hands ``left`` to the oracle as the free memory: a plan fits under the real
 limit without any setting (docs/memory.md, "The real budget").
 """
@@ -30,7 +31,7 @@ import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import psutil
 
@@ -165,19 +166,33 @@ def parse_mountinfo(path: Path) -> List[Mount]:
     return mounts
 
 
-def cgroup_dirs(proc_cgroup: Path, mountinfo: Path) -> List[Tuple[str, Path, Path]]:
-    """(version, the process's memory cgroup directory, its mount point) candidates, v1 first."""
+def cgroup_dirs(proc_cgroup: Path, mountinfo: Path, controller: str = "memory") -> List[Tuple[str, Path, Path]]:
+    """(version, the process's ``controller`` cgroup directory, its mount point) candidates, v1 first."""
     groups, found = parse_proc_cgroup(proc_cgroup), []
     for mount in parse_mountinfo(mountinfo):
         version = "v1" if mount.fstype == "cgroup" else "v2"
-        own = groups.get("memory" if version == "v1" else "")
-        if own is None or (version == "v1" and "memory" not in mount.options):
+        own = groups.get(controller if version == "v1" else "")
+        if own is None or (version == "v1" and controller not in mount.options):
             continue
         relative = os.path.relpath(own, mount.root) if own.startswith(mount.root) else "."
         directory = (mount.mount_point / relative).resolve() if relative != "." else mount.mount_point
         found.append((version, directory, mount.mount_point))
     found.sort(key=lambda item: item[0])
     return found
+
+
+def cgroup_chain(controller: str, proc_cgroup: Path = Path("/proc/self/cgroup"),
+                 mountinfo: Path = Path("/proc/self/mountinfo"), root: Path = CGROUP_ROOT) -> Iterator[Tuple[str, Path]]:
+    """(version, directory) of the process's ``controller`` cgroup and of each ancestor up to its mount
+    point (a limit set on an ancestor binds too); the usual paths under ``root`` when /proc names none."""
+    candidates = (cgroup_dirs(proc_cgroup, mountinfo, controller)
+                  or [("v2", root, root), ("v1", root / controller, root / controller)])
+    for version, directory, mount in candidates:
+        while True:
+            yield version, directory
+            if directory == mount or directory.parent == directory or mount not in directory.parents:
+                break
+            directory = directory.parent
 
 
 def cgroup_level(version: str, directory: Path) -> Optional[Limit]:
@@ -211,17 +226,10 @@ def reclaimable_cache(version: str, stat: Dict[str, int]) -> int:
 def cgroup_limit(proc_cgroup: Path = Path("/proc/self/cgroup"), mountinfo: Path = Path("/proc/self/mountinfo"),
                  root: Path = CGROUP_ROOT) -> Optional[Limit]:
     """The tightest memory limit of the process's cgroup and its ancestors (least left); None: none."""
-    candidates = cgroup_dirs(proc_cgroup, mountinfo) or [("v2", root, root), ("v1", root / "memory", root / "memory")]
-    levels = []
-    for version, directory, mount in candidates:
-        while True:
-            level = cgroup_level(version, directory)
-            if level is not None:
-                levels.append(level)
-            if directory == mount or directory.parent == directory or mount not in directory.parents:
-                break
-            directory = directory.parent
-    return min(levels, key=lambda level: level.size - level.used, default=None)
+    levels = [cgroup_level(version, directory)
+              for version, directory in cgroup_chain("memory", proc_cgroup, mountinfo, root)]
+    return min((level for level in levels if level is not None), key=lambda level: level.size - level.used,
+               default=None)
 
 
 def rlimit_limits(status: Path = Path("/proc/self/status"),
