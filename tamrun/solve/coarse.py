@@ -23,15 +23,14 @@ and the "adapted deflation" preconditioner (A-DEF2; Tang, Nabben, Vuik and Erlan
 
     M2^-1 r = (I - Q A) M^-1 r + Q r = y + Z E^-1 (Z' r - (AZ)' y),     y = M^-1 r
 
-started from x0 + Q (b - A x0) (`CoarseCorrection.start`): from such a start CG with it takes, in exact
-arithmetic, the
-same steps as with the symmetric balancing form (I - QA) M^-1 (I - AQ) + Q, for one product with
-(AZ)' and one coarse solve per application instead of two each (forest_fourier: 271 iterations,
-259 with the balancing form, at 11 against 20 ms an application). It needs no product with Phi: per application one (S, D) and one (k, k)
-matrix-vector product per group, one product with P and three segment sums. Memory per group: H,
-kept per group, and its copy while it is split (2 S D), and E, its factor, its inverse and a
-temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. The products run one group at a
-time on fresh operands, so a group's result does not depend on its chunk.
+started from x0 + Q (b - A x0) (`CoarseCorrection.start`): from such a start CG with it takes, in
+exact arithmetic, the steps of the symmetric balancing form (I - QA) M^-1 (I - AQ) + Q, for one product
+with (AZ)' and one coarse solve per application instead of two each (forest_fourier: 271 iterations,
+259 with the balancing form, at 11 against 20 ms an application). It needs no product with Phi:
+per application one (S, D) and one (k, k) matrix-vector product per group, one product with P and
+three segment sums. Memory per group: H, kept per group, and its copy while it is split (2 S D), and
+E, its factor, its inverse and a temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. The
+products run one group at a time on fresh operands, so a group's result does not depend on its chunk.
 """
 
 from __future__ import annotations
