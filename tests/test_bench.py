@@ -87,3 +87,24 @@ def test_adaptive_benchmark_rows_agree_with_the_batched_run(capsys):
     assert rows[0][4].strip() == "5 × 48" and rows[1][4].strip() == "1 × 48"
     assert len({r[10] for r in rows}) == 1  # RMSE adaptive
     assert float(rows[1][12]) <= 1e-12 and float(rows[3][12]) <= 1e-12 and float(rows[2][12]) <= 1e-9
+
+
+def test_a_baseline_child_imports_the_baseline_checkout_not_the_folder_it_was_started_from(tmp_path, monkeypatch):
+    """`python -m` puts the working folder before PYTHONPATH: run from this repository's root, a
+    baseline child used to import this tamrun. A stand-in checkout whose child reports the file
+    it was imported from, run as the baseline side is (its PYTHONPATH, inside it), from the root."""
+    import os
+    import sys
+
+    from tamrun.bench.__main__ import run_child
+
+    child = tmp_path / "checkout" / "tamrun" / "bench"
+    child.mkdir(parents=True)
+    (child.parent / "__init__.py").write_text("")
+    (child / "__init__.py").write_text("")
+    (child / "child.py").write_text(f"import json\nprint({RESULT_PREFIX!r} + json.dumps({{'status': 'ok', 'file': __file__}}))\n")
+    checkout = str(tmp_path / "checkout")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the repository root: it holds a tamrun/ too
+    record = run_child([sys.executable, "-m", "tamrun.bench.child"], 60, {**os.environ, "PYTHONPATH": checkout},
+                       checkout)
+    assert record["status"] == "ok" and Path(record["file"]).resolve().is_relative_to(Path(checkout).resolve())

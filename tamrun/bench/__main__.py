@@ -72,12 +72,15 @@ def peer_arguments(model: str) -> List[str]:
             "--test-start", config.split.test_start, "--test-end", test_end]
 
 
-def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None) -> dict:
-    """One fresh process (``env``: its environment, default this one's); its BENCH_RESULT line, or a
-    timeout / crash record."""
+def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None,
+              cwd: Optional[str] = None) -> dict:
+    """One fresh process (``env``: its environment, default this one's; ``cwd``: its working folder,
+    default this one's); its BENCH_RESULT line, or a timeout / crash record. ``python -m`` puts the
+    working folder first on sys.path, before PYTHONPATH: a baseline checkout's child must run inside
+    that checkout, or the tamrun of the folder the bench was started from shadows it."""
     began = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "timeout_s": timeout}
     for line in done.stdout.splitlines():
@@ -124,7 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if side in ("tamrun", "baseline"):
                     command = [sys.executable, "-m", "tamrun.bench.child", "--side", "tamrun", "--model", preset]
                     command += [f"--override={item}" for item in overrides]
-                    record = run_child(command + common, args.timeout, baseline_env if side == "baseline" else None)
+                    record = (run_child(command + common, args.timeout, baseline_env, str(Path(args.baseline).resolve()))
+                              if side == "baseline" else run_child(command + common, args.timeout))
                 elif (preset, repeat) in peer_runs:
                     record = dict(peer_runs[preset, repeat])
                 else:
