@@ -92,7 +92,8 @@ def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] 
     return {"status": "error", "error_kind": f"exit {done.returncode}", "error": tail[:300]}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m tamrun.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer-python", help="python of the peer's virtual environment (tam-ml 1.5.0)")
@@ -106,7 +107,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--sides", default="tamrun,peer")
     parser.add_argument("--baseline", help="another tamrun checkout, measured as the side 'baseline'")
     parser.add_argument("--out", default="outputs/bench")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     sides = [s for s in args.sides.split(",") if s == "tamrun" or (s == "peer" and args.peer_python)]

@@ -18,19 +18,19 @@ With H_s = Phi' U_s / n (S rmatvecs in the assembly pass):
     A Z_i = H_s(i) + P Z_i + jitter Z_i,    E = Z' A Z (k, k) per group, by Cholesky
     Z' P Z = blockdiag(P_dd, |slot t| lambda M_b for every block and slot)      (closed form)
 
-and the "adapted deflation" preconditioner (A-DEF2; Tang, Nabben, Vuik and Erlangga, J. Sci. Comput.
-39, 2009), with Q = Z E^-1 Z':
+and the balancing (BNN) preconditioner, symmetric positive definite for any full-rank Z, with
+Q = Z E^-1 Z':
 
-    M2^-1 r = (I - Q A) M^-1 r + Q r = y + Z E^-1 (Z' r - (AZ)' y),     y = M^-1 r
+    M2^-1 r = (I - Q A) M^-1 (I - A Q) r + Q r
 
-started from x0 + Q (b - A x0) (`CoarseCorrection.start`): from such a start CG with it takes, in
-exact arithmetic, the steps of the symmetric balancing form (I - QA) M^-1 (I - AQ) + Q, for one product
-with (AZ)' and one coarse solve per application instead of two each (forest_fourier: 271 iterations,
-259 with the balancing form, at 11 against 20 ms an application). It needs no product with Phi:
-per application one (S, D) and one (k, k) matrix-vector product per group, one product with P and
-three segment sums. Memory per group: H, kept per group, and its copy while it is split (2 S D), and
-E, its factor, its inverse and a temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. The
-products run one group at a time on fresh operands, so a group's result does not depend on its chunk.
+CG starts from x0 + Q (b - A x0) (`CoarseCorrection.start`), whose residual has no part in the coarse
+space. (The cheaper adapted-deflation form A-DEF2, y + Z E^-1 (Z'r - (AZ)'y) with y = M^-1 r, takes
+the same steps in exact arithmetic but is not symmetric: at tol 1e-13 it stagnated where this form
+converges, tests/test_adaptive.py.) It needs no product with Phi: per application two (S, D) and two
+(k, k) matrix-vector products per group, two products with P and three segment sums. Memory per group:
+H, kept per group, and its copy while it is split (2 S D), and E, its factor, its inverse and a
+temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. The products run one group at a time on
+fresh operands, so a group's result does not depend on its chunk.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def per_group_products(matrices: List[torch.Tensor], vectors: torch.Tensor) -> t
 
 
 class CoarseCorrection:
-    """The two-level preconditioner (A-DEF2) around a one-level ``base`` M^-1, and its start (module docstring).
+    """The balancing two-level preconditioner around a one-level ``base`` M^-1, and CG's start (module docstring).
 
     Args:
         space: Z; a_phi: per group H (S, D), the sources' Phi' U_s / n; penalty: P; jitter: the
@@ -181,10 +181,11 @@ class CoarseCorrection:
         return correction if x0 is None else x0 + correction
 
     def around(self, base: Preconditioner) -> Preconditioner:
-        """M2^-1 r = y + Z E^-1 (Z' r - (AZ)' y), y = M^-1 r (A-DEF2)."""
+        """M2^-1 r = (I - Q A) M^-1 (I - A Q) r + Q r (the balancing form), Q = Z E^-1 Z'."""
         def apply(r: torch.Tensor) -> torch.Tensor:
-            y = base(r)
-            return y + self.space.prolong(self.solve_coarse(self.space.restrict(r) - self.a_z_transposed(y)))
+            c = self.solve_coarse(self.space.restrict(r))
+            y = base(r - self.a_z(c))
+            return y + self.space.prolong(c - self.solve_coarse(self.a_z_transposed(y)))
         return apply
 
 
