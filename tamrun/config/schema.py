@@ -254,7 +254,7 @@ class MemoryConfig:
 class SolverConfig:
     name: SolverName = SolverName.auto
     # solver=auto factors a dense system (D, or N in the dual form) of at most this dimension; beyond
-    # it the two-level preconditioned CG is the faster exact route (forest_fourier, N = 4,039: 259
+    # it the two-level preconditioned CG is the faster exact route (forest_fourier, N = 4,039: 260
     # iterations against the dual form's 48 factorisations, docs/benchmarks.md). memory.max_dense_dim
     # bounds it from the memory side.
     direct_max_dim: int = 2048

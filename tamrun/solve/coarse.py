@@ -26,7 +26,8 @@ Q = Z E^-1 Z':
 CG starts from x0 + Q (b - A x0) (`CoarseCorrection.start`), whose residual has no part in the coarse
 space. (The cheaper adapted-deflation form A-DEF2, y + Z E^-1 (Z'r - (AZ)'y) with y = M^-1 r, takes
 the same steps in exact arithmetic but is not symmetric: at tol 1e-13 it stagnated where this form
-converges, tests/test_adaptive.py.) It needs no product with Phi: per application two (S, D) and two
+converges, tests/test_adaptive.py; forest_fourier: 260 iterations at 20 ms an application, against
+271 at 11 ms with A-DEF2.) It needs no product with Phi: per application two (S, D) and two
 (k, k) matrix-vector products per group, two products with P and three segment sums. Memory per group:
 H, kept per group, and its copy while it is split (2 S D), and E, its factor, its inverse and a
 temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. The products run one group at a time on
