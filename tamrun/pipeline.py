@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from tamrun.config.effects import effect_columns
-from tamrun.config.schema import Config, DataConfig, DType, TrackingConfig
+from tamrun.config.schema import AdaptiveMethod, Config, DataConfig, DType, ModeName, TrackingConfig
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, drop_missing_groups, enforce)
@@ -63,6 +63,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     data = config.data
     numeric = {"data.target": data.target}
     numeric.update(effect_columns(specs))
+    numeric.update(skip_update_columns(config))
     frame = load_table(data, *file_columns(data, numeric), room=room)
     room("deriving and checking the data", "check", frame_bytes(frame))
     frame = add_derived_columns(frame, data.derived, data.date_column)
@@ -79,6 +80,13 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
     train, validation = carve_validation(train, config.split, data.date_column)
     return Splits(train, test, validation, recipe)
+
+
+def skip_update_columns(config: Config) -> Dict[str, str]:
+    """The columns adaptive.kalman.skip_updates reads (config field -> column), when the run filters."""
+    if config.mode.name != ModeName.adaptive or config.adaptive.method != AdaptiveMethod.kalman:
+        return {}
+    return {f"adaptive.kalman.skip_updates[{i}]": column for i, column in enumerate(config.adaptive.kalman.skip_updates)}
 
 
 def file_columns(data: DataConfig, numeric: Dict[str, str]) -> Tuple[Dict[str, str], Set[str]]:

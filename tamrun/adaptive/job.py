@@ -21,8 +21,10 @@ import torch
 
 from tamrun.adaptive.budget import WindowPlan, plan_windows
 from tamrun.adaptive.fit import WindowFit, WindowFitter
+from tamrun.adaptive.kalman_job import kalman_job
 from tamrun.adaptive.plots import adaptive_figure
 from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates
+from tamrun.config.schema import AdaptiveMethod
 from tamrun.data.batch import GroupedBatch
 from tamrun.evaluate import mape, require_finite, rmse
 from tamrun.fitted import prediction_batch
@@ -98,6 +100,13 @@ def window_plan(prepared: Prepared, past: History) -> WindowPlan:
 
 
 def adaptive_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
+    """``mode=adaptive``: sliding-window refits (`sliding_job`) or the Kalman filter (`kalman_job`)."""
+    if prepared.config.adaptive.method == AdaptiveMethod.kalman:
+        return kalman_job(prepared, tracked)
+    return sliding_job(prepared, tracked)
+
+
+def sliding_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     """Fit the static model and the sliding-window refits, evaluate both on the test period, record."""
     config, recorder, devices = prepared.config, prepared.recorder, prepared.devices
     with recorder.phase("static"):

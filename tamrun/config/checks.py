@@ -6,11 +6,12 @@ so that every default is written once, in `tamrun/config/schema.py`.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, List
 
 from tamrun.config.ranges import SETTINGS, check_numbers, check_size, cli_text
-from tamrun.config.schema import Config, DataSource, ModeName, schema_default
+from tamrun.config.schema import AdaptiveMethod, Config, DataSource, ModeName, schema_default
 from tamrun.errors import ConfigError
 
 _DERIVED_KINDS = ("time_index", "isin", "expr")
@@ -89,12 +90,32 @@ def _check_data(cfg: Config) -> None:
 
 def _check_adaptive(cfg: Config) -> None:
     ada = cfg.adaptive
-    _require(cfg.mode.name != ModeName.adaptive or cfg.split.validation_start is None, "split.validation_start",
+    sliding = cfg.mode.name == ModeName.adaptive and ada.method == AdaptiveMethod.sliding
+    _require(not sliding or cfg.split.validation_start is None, "split.validation_start",
              cfg.split.validation_start, "mode=adaptive refits on every training and test row; a validation period "
-             "would leave a gap in its windows", "set split.validation_start=null, or use mode=run to tune on it")
+             "would leave a gap in its windows", "set split.validation_start=null, or use mode=run to tune on it "
+             "(adaptive.method=kalman chooses its settings on a validation period)")
+    _check_kalman(cfg)
     _require(ada.horizon is None or ada.horizon >= ada.step, "adaptive.horizon", ada.horizon,
              f"the horizon must be >= adaptive.step={ada.step} days, or the days between a refit's "
              "horizon and the next refit would not be forecast", f"set adaptive.horizon={ada.step} or null")
+
+
+def _check_kalman(cfg: Config) -> None:
+    """The grid of (q, p0): finite, q >= 0, p0 > 0; more than one pair needs a validation period."""
+    kal, field = cfg.adaptive.kalman, "adaptive.kalman"
+    for name, low_open in (("q", False), ("p0", True)):
+        values = list(getattr(kal, name))
+        bad = [v for v in values if not (math.isfinite(v) and (v > 0 if low_open else v >= 0))]
+        _require(bool(values) and not bad, f"{field}.{name}", values,
+                 f"the grid must hold at least one finite value {'> 0' if low_open else '>= 0'}",
+                 f"{_set_default(f'{field}.{name}')} (a list in brackets), or one value, e.g. {field}.{name}=[1e-5]")
+    pairs = len(kal.q) * len(kal.p0)
+    chooses = cfg.mode.name == ModeName.adaptive and cfg.adaptive.method == AdaptiveMethod.kalman and pairs > 1
+    _require(not chooses or cfg.split.validation_start is not None, "split.validation_start", None,
+             f"adaptive.kalman's grid has {pairs} (q, p0) pairs and nothing to choose among them on",
+             "set split.validation_start (e.g. 2023-01-01: the pair with the lowest validation RMSE is kept), "
+             f"or give one pair, e.g. {field}.q=[1e-5] {field}.p0=[1]")
 
 
 def _check_tracking(cfg: Config) -> None:
@@ -105,7 +126,8 @@ def _check_tracking(cfg: Config) -> None:
 def scored_splits(cfg: Config) -> List[str]:
     """The splits a run of this config scores as rmse_<split> and mape_<split>."""
     if cfg.mode.name == ModeName.adaptive:
-        return ["test", "test_static"]
+        chooses = cfg.adaptive.method == AdaptiveMethod.kalman and cfg.split.validation_start
+        return ["test", "test_static"] + (["validation"] if chooses else [])
     return ["train", "test"] + (["validation"] if cfg.split.validation_start else [])
 
 

@@ -82,6 +82,20 @@ class ModeName(str, Enum):
     adaptive = "adaptive"
 
 
+class AdaptiveMethod(str, Enum):
+    """mode=adaptive: sliding-window refits of the coefficients, or a Kalman filter on the effects."""
+
+    sliding = "sliding"
+    kalman = "kalman"
+
+
+class KalmanState(str, Enum):
+    """What the Kalman filter adapts: one weight per effect (and the intercept), or every coefficient."""
+
+    effects = "effects"
+    coefficients = "coefficients"
+
+
 class ProgressMode(str, Enum):
     auto = "auto"  # a bar on a terminal, log lines otherwise
     bar = "bar"
@@ -324,8 +338,35 @@ class TrackingConfig:
 
 
 @dataclass
+class KalmanConfig:
+    """State-space adaptation (``adaptive.method=kalman``, tamrun/adaptive/kalman.py, docs/adaptive.md).
+
+    Per group, the static model's inputs psi (each effect's contribution scaled by its standard deviation
+    over the training rows, or the design row) get weights theta that drift as a random walk,
+    y = psi' theta + eps, theta_t = theta_{t-1} + eta_t, Var(eta) = q Var(eps) I, from theta_0 (the static
+    model) with covariance p0 Var(eps) I. The filter runs through the training period (burn-in) and
+    forecasts each day from the state after the day before. Every (q, p0) pair of the grid below is
+    filtered at once; with more than one pair the pair with the lowest RMSE on the validation period
+    (split.validation_start) is kept and the static model is refitted on training + validation.
+    """
+
+    # The weights adapted: effects (one per effect, and the intercept) | coefficients (every column of Phi).
+    state: KalmanState = KalmanState.effects
+    # Drift variance per day of each scaled weight, in units of the noise variance (a grid: >= 0).
+    q: List[float] = field(default_factory=lambda: [1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4])
+    # Initial covariance of the weights, in units of the noise variance (a grid: > 0); the forecasts hardly
+    # depend on it after the burn-in years.
+    p0: List[float] = field(default_factory=lambda: [1.0])
+    # Rows where any of these columns is not 0 are forecast but not learnt from (e.g. [day_type_jf]:
+    # public holidays, which the filter would otherwise read as a change of the weights).
+    skip_updates: List[str] = field(default_factory=list)
+
+
+@dataclass
 class AdaptiveConfig:
-    """Sliding-window refits over the test period (``mode=adaptive``, docs/adaptive.md).
+    """Adaptation over the test period (``mode=adaptive``, docs/adaptive.md): ``method=sliding`` refits
+    the coefficients on a sliding window (the fields below), ``method=kalman`` filters the effects'
+    weights day by day (`KalmanConfig`, ``adaptive.kalman.*``).
 
     Refit k (k = 0, 1, ...) happens at t_k = split.test_start + k * step days, on the rows dated in
     [t_k - window days, t_k), and forecasts the days [t_k, t_k + horizon). The effects' state (feature
@@ -348,6 +389,9 @@ class AdaptiveConfig:
     max_batch_windows: Optional[int] = None
     # Keep every refit's coefficients (K, G, D) on the host (returned, last one logged).
     keep_coefficients: bool = True
+    # sliding | kalman (the settings of adaptive.kalman).
+    method: AdaptiveMethod = AdaptiveMethod.sliding
+    kalman: KalmanConfig = field(default_factory=KalmanConfig)
 
 
 @dataclass

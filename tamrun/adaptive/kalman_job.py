@@ -1,0 +1,179 @@
+"""``mode=adaptive adaptive.method=kalman``: the static fit, its effects' weights adapted day by day by a
+Kalman filter (tamrun/adaptive/kalman.py), evaluated on the test period and recorded.
+
+    with a validation period (split.validation_start) and a grid of (q, p0) pairs:
+        static fit on the training rows -> filters of every pair over training + validation (burn-in on
+        the training rows) -> the pair with the lowest validation RMSE -> static refit on training + validation
+    then: filters of the chosen pair over every row up to the test end (burn-in on every row before
+        split.test_start) -> day-ahead forecasts of the test period -> metrics, tables, plots -> MLflow
+
+The test period never reaches the selection: its rows are not in the table the pairs are scored on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tamrun.adaptive.filtering import FilterInputs, FilterRun, filter_inputs, run_filters, slot_rmse
+from tamrun.adaptive.plots import adaptive_figure, weights_figure
+from tamrun.evaluate import mape, require_finite, rmse
+from tamrun.jobs.prepare import Prepared
+from tamrun.jobs.result import RunResult
+from tamrun.pipeline import Fit, Splits, fit_model, numerical_fix, solve
+from tamrun.tracking.mlflow_run import TrackedRun
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Selection:
+    """The validation scores (C,) of the (q, p0) pairs, and the chosen pair's index."""
+
+    pairs: List[Tuple[float, float]]
+    scores: List[float]
+    static_score: float
+    best: int
+
+    @property
+    def pair(self) -> Tuple[float, float]:
+        return self.pairs[self.best]
+
+    def as_dict(self) -> Dict[str, object]:
+        return {"pairs": [{"q": q, "p0": p0, "rmse_validation": s} for (q, p0), s in zip(self.pairs, self.scores)],
+                "chosen": {"q": self.pair[0], "p0": self.pair[1]}, "rmse_validation_static": self.static_score}
+
+
+def grid_pairs(prepared: Prepared) -> List[Tuple[float, float]]:
+    kal = prepared.config.adaptive.kalman
+    return [(float(q), float(p0)) for q in kal.q for p0 in kal.p0]
+
+
+def adapt(prepared: Prepared, fit: Fit, frame: pd.DataFrame, start: pd.Timestamp,
+          pairs: List[Tuple[float, float]], keep_weights: bool) -> Tuple[FilterInputs, FilterRun]:
+    """Filters of ``pairs`` over the rows of ``frame``, burnt in on the rows before ``start``."""
+    config, kal = prepared.config, prepared.config.adaptive.kalman
+    data = filter_inputs(fit.model, frame, start, kal.state, kal.skip_updates, prepared.devices.device,
+                         fit.plan.predict.rows)
+    with prepared.tracker.hold(data.nbytes(), "kalman inputs"):
+        run = run_filters(data, pairs, data.day_index(start), prepared.chunk_loop(), prepared.plan.budget,
+                          prepared.plan.overhead, keep_weights)
+    log.info("kalman: %d pair(s) x %d group(s), k=%d inputs, %d days (%.2f s burn-in, %.2f s from %s)",
+             len(pairs), data.inputs.shape[0], data.inputs.shape[-1], data.inputs.shape[1], run.seconds["burn_in"],
+             run.seconds["adaptation"], start.date())
+    require_finite({"kalman forecast": float(run.forecast.abs().max())}, "a Kalman forecast", numerical_fix(config))
+    return data, run
+
+
+def select_pair(prepared: Prepared, static: Fit) -> Selection:
+    """Score every pair on the validation period (the static model fitted on the rows before it)."""
+    splits, split = prepared.splits, prepared.config.split
+    start = pd.Timestamp(split.validation_start)
+    pairs = grid_pairs(prepared)
+    data, run = adapt(prepared, static, pd.concat([splits.train, splits.validation]), start, pairs, False)
+    scored = data.observed.clone()
+    scored[:, :data.day_index(start)] = False
+    scores = slot_rmse(run.forecast, data.target, scored).tolist()
+    static_score = float(slot_rmse(data.static.unsqueeze(0), data.target, scored)[0])
+    selection = Selection(pairs, scores, static_score, int(np.argmin(scores)))
+    log.info("kalman: validation RMSE %s (static %.1f): q=%g, p0=%g chosen",
+             ", ".join(f"{s:.1f}" for s in scores), static_score, *selection.pair)
+    return selection
+
+
+def test_table(data: FilterInputs, run: FilterRun, test_start: pd.Timestamp) -> pd.DataFrame:
+    """One row per test row: date, group, actual, adaptive (the filter's day-ahead forecast), static."""
+    g, n = np.nonzero((data.batch.row_index >= 0) & (data.dates >= np.datetime64(test_start)))
+    day, slot = data.grid.day[g, n], data.grid.slot[g, n]
+    return pd.DataFrame({
+        "date": data.dates[g, n], "group": np.asarray(data.batch.groups, dtype=object)[g],
+        "actual": data.batch.y[g, n].numpy(), "adaptive": run.forecast[0, g, day, slot].numpy(),
+        "static": data.static[g, day, slot].numpy(),
+    }).sort_values(["date", "group"], kind="stable").reset_index(drop=True)
+
+
+def monthly_rmse(table: pd.DataFrame) -> pd.DataFrame:
+    """RMSE of the static and adaptive forecasts per calendar month of the table."""
+    month = pd.to_datetime(table["date"]).dt.to_period("M").astype(str)
+    squared = pd.DataFrame({name: (table[name] - table["actual"]) ** 2 for name in ("static", "adaptive")})
+    out = np.sqrt(squared.groupby(month).mean())
+    return out.rename_axis("month").reset_index()
+
+
+def kalman_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
+    """Fit, choose (q, p0) on the validation period when there is one, adapt over the test period, record."""
+    config, recorder, splits = prepared.config, prepared.recorder, prepared.splits
+    with recorder.phase("static"):
+        static = solve(config, prepared.features, prepared.plan, prepared.devices, prepared.chunk_loop(), splits.recipe)
+    selection: Optional[Selection] = None
+    if splits.validation is not None:
+        with recorder.phase("selection"):
+            selection = select_pair(prepared, static)
+        with recorder.phase("refit"):  # the final static model sees the validation rows too
+            union = Splits(pd.concat([splits.train, splits.validation]), splits.test, None, splits.recipe)
+            static = fit_model(config, prepared.specs, union, prepared.devices, prepared.chunk_loop())
+    pair = selection.pair if selection else grid_pairs(prepared)[0]
+    test_start = pd.Timestamp(config.split.test_start)
+    rows = pd.concat([frame for frame in (splits.train, splits.validation, splits.test) if frame is not None])
+    with recorder.phase("adaptive"):  # not metered: the meter's hook would cost more than the filter's small steps
+        data, run = adapt(prepared, static, rows, test_start, [pair], True)
+    with recorder.phase("evaluate"):
+        table = test_table(data, run, test_start)
+        months = monthly_rmse(table)
+    metrics = kalman_metrics(prepared, table, run, pair, selection)
+    require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static")},
+                   "a forecast metric", numerical_fix(config))
+    log.info("kalman: rmse_test=%.1f (static %.1f), adaptation %.3f s over the test period, static fit %.3f s",
+             metrics["rmse_test"], metrics["rmse_test_static"], metrics["kalman_test_seconds"],
+             metrics["static_fit_seconds"])
+    record_kalman(tracked, prepared, table, months, metrics, data, run, selection)
+    return RunResult(run_id=None, route=static.plan.route, width=static.model.design.width, groups=static.model.groups,
+                     coef=static.model.coef, metrics=metrics, table=lambda: table, plan=static.plan, stats=static.stats)
+
+
+def kalman_metrics(prepared: Prepared, table: pd.DataFrame, run: FilterRun, pair: Tuple[float, float],
+                   selection: Optional[Selection]) -> Dict[str, float]:
+    """Test RMSE / MAPE of the filtered and static forecasts, the chosen pair, the seconds, the phases."""
+    recorder = prepared.recorder
+    actual = table["actual"].to_numpy()
+    metrics = {
+        "rmse_test": rmse(actual, table["adaptive"].to_numpy()), "mape_test": mape(actual, table["adaptive"].to_numpy()),
+        "rmse_test_static": rmse(actual, table["static"].to_numpy()),
+        "mape_test_static": mape(actual, table["static"].to_numpy()),
+        "kalman_q": pair[0], "kalman_p0": pair[1], "kalman_sigma": float(run.sigma2[0].median().sqrt()),
+        "kalman_test_seconds": run.seconds["adaptation"], "kalman_burn_in_seconds": run.seconds["burn_in"],
+        "kalman_groups_per_chunk": float(run.groups), "oom_retries": float(prepared.oom_log.retries),
+        "static_fit_seconds": recorder.phases["refit" if selection else "static"].seconds,
+    }
+    if selection is not None:
+        metrics.update(rmse_validation=selection.scores[selection.best], rmse_validation_static=selection.static_score)
+    metrics.update(recorder.metrics())
+    metrics["working_peak_bytes"] = recorder.working_peak(("adaptive",))
+    return metrics
+
+
+def record_kalman(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, months: pd.DataFrame,
+                  metrics: Dict[str, float], data: FilterInputs, run: FilterRun, selection: Optional[Selection]) -> None:
+    """Log the run: metrics, the monthly RMSE, the selection, predictions, the forecast and weights plots."""
+    config = prepared.config
+    tracked.log_params({"route": prepared.plan.route, "kalman_inputs": ",".join(data.names)})
+    tracked.log_metrics(metrics)
+    tracked.log_metric_history("rmse_month", months["adaptive"].tolist())
+    tracked.log_metric_history("rmse_month_static", months["static"].tolist())
+    tracked.log_frame(months, "kalman/monthly_rmse.csv")
+    if selection is not None:
+        tracked.log_json(selection.as_dict(), "kalman/selection.json")
+    if config.tracking.log_predictions:
+        tracked.log_frame(table, "predictions/adaptive.csv")
+    if config.tracking.log_plots:
+        title = (f"{config.model.name}: test RMSE Kalman {metrics['rmse_test']:.1f}, static "
+                 f"{metrics['rmse_test_static']:.1f} (q={metrics['kalman_q']:g})")
+        tracked.log_figure(adaptive_figure(table, title, label="adaptive (Kalman filter)"), "plots/adaptive_forecast.png")
+        if run.weights is not None and config.adaptive.kalman.state.value == "effects":
+            tracked.log_figure(weights_figure(run.weights, data.theta0, data.grid.days, data.names),
+                               "plots/kalman_weights.png")
