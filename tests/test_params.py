@@ -31,3 +31,13 @@ def test_params_are_what_was_set_and_the_axes_of_every_comparison():
 def test_the_active_mode_logs_its_whole_section():
     params = experiment_params(settings("adaptive"), resolved_container(Config()))
     assert params["adaptive.window"] == Config().adaptive.window and params["mode.name"] == "adaptive"
+
+
+def test_the_active_adaptive_method_logs_its_settings_only():
+    sliding = experiment_params(settings("adaptive"), resolved_container(Config()))
+    assert "adaptive.window" in sliding and not [k for k in sliding if k.startswith("adaptive.kalman.")]
+    tree = settings("adaptive")
+    tree["adaptive"]["method"] = "kalman"
+    kalman = experiment_params(tree, resolved_container(Config()))
+    assert kalman["adaptive.kalman.q"] == Config().adaptive.kalman.q and kalman["adaptive.method"] == "kalman"
+    assert not [k for k in kalman if k.startswith(("adaptive.window", "adaptive.step", "adaptive.refresh"))]

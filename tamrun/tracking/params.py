@@ -8,7 +8,8 @@ only (`experiment_params`):
 - the settings every comparison needs (`ALWAYS`: the model, the data, the mode, the solver, the
   dtype, the device asked for and the split's dates), even at their defaults;
 - the active mode's own section whole (``adaptive.*`` in ``mode=adaptive``), nothing of the other
-  modes' (``adaptive.*`` in ``mode=run``);
+  modes' (``adaptive.*`` in ``mode=run``), and of ``adaptive.*`` the active method's settings only
+  (``adaptive.kalman.*`` with ``adaptive.method=kalman``, the window settings with ``sliding``);
 - nothing about where and how the run is recorded (`NEVER`: ``tracking.*``, ``progress``); null
   settings are left out.
 """
@@ -29,6 +30,12 @@ ALWAYS = ("model.name", "data.name", "data.target", "data.group", "mode.name", "
 NEVER = ("tracking.", "progress", "hydra.")
 # Config sections of one mode only (mode name -> key prefix).
 MODE_SECTIONS = {"adaptive": "adaptive."}
+# Settings of one adaptive method only (adaptive.method -> key prefixes): the other method's are left out.
+ADAPTIVE_METHODS = {
+    "sliding": ("adaptive.window", "adaptive.step", "adaptive.horizon", "adaptive.refresh",
+                "adaptive.max_batch_windows", "adaptive.keep_coefficients"),
+    "kalman": ("adaptive.kalman.",),
+}
 
 
 def flatten(tree: Any, prefix: str = "") -> Dict[str, Any]:
@@ -63,6 +70,8 @@ def experiment_params(resolved: Mapping[str, Any], defaults: Mapping[str, Any]) 
     flat, base = flatten(resolved), flatten(defaults)
     mode = str(flat.get("mode.name", "run"))
     skipped = NEVER + tuple(prefix for name, prefix in MODE_SECTIONS.items() if name != mode)
+    method = str(flat.get("adaptive.method", "sliding"))
+    skipped += tuple(key for name, keys in ADAPTIVE_METHODS.items() if name != method for key in keys)
     active = MODE_SECTIONS.get(mode, "\0")
     kept: Dict[str, Any] = {}
     for key, value in flat.items():
