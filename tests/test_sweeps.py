@@ -57,6 +57,8 @@ def test_a_parallel_sweep_records_every_job_under_one_parent(tmp_path, csv_path)
                   cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Joblib.Parallel(n_jobs=2,backend=loky" in done.stdout + done.stderr
+    assert "workers forked from this process" in done.stdout + done.stderr  # hw.fork_workers (default)
+    assert "should not be used with `loky`" not in done.stderr
     client, parent, children = sweep_runs(store, sweep_dir)
     assert [r.info.status for r in children] == ["FINISHED"] * 4
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
@@ -77,6 +79,23 @@ def test_a_parallel_sweep_records_every_job_under_one_parent(tmp_path, csv_path)
     assert "sweep/objective.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
     assert "| job | run_id |" in (Path(client.download_artifacts(parent.info.run_id, "sweep/summary.md",
                                                                      str(tmp_path)))).read_text()
+
+
+def test_fresh_loky_workers_give_the_same_jobs_as_forked_ones(tmp_path, csv_path):
+    """hw.fork_workers=false: joblib's own fresh interpreters; the same runs, metric for metric, as the
+    forked workers of the default."""
+    results = {}
+    for fork in ("true", "false"):
+        store, sweep_dir = f"sqlite:///{tmp_path / fork / 'mlflow.db'}", tmp_path / fork / "sweep"
+        (tmp_path / fork).mkdir()
+        done = tamrun("-m", "hydra/launcher=parallel", f"hw.fork_workers={fork}", *sweep_args(csv_path, store, sweep_dir),
+                      "model.effects.sx.k=6,8", "tracking.log_plots=false", "tracking.log_model=false", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert ("workers forked from this process" in done.stdout + done.stderr) == (fork == "true")
+        _, _, children = sweep_runs(store, sweep_dir)
+        assert [r.info.status for r in children] == ["FINISHED"] * 2
+        results[fork] = [r.data.metrics["rmse_test"] for r in children]
+    assert results["true"] == results["false"]
 
 
 def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_path):
@@ -147,7 +166,8 @@ def test_the_penalty_search_tunes_on_a_validation_year_before_the_test_year():
 def test_help_lists_the_groups_the_experiment_and_the_launchers(tmp_path):
     done = tamrun("--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    for line in ("experiment: tune_penalties", "model: custom, forest, forest_big, forest_fourier, fourier, spline",
+    for line in ("experiment: day_ahead, tune_penalties",
+                 "model: custom, forest, forest_big, forest_fourier, fourier, fourier_holidays, spline, spline_holidays",
                  "hydra/launcher=parallel|slurm|ray_cluster|submitit_local", "docs/sweeps.md"):
         assert line in done.stdout, done.stdout[:2000]
 

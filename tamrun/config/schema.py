@@ -194,6 +194,10 @@ class HardwareConfig:
     # (hydra/launcher=parallel: n_jobs), ray.remote.num_cpus or cpus_per_task under Ray or SLURM; at most
     # OMP_NUM_THREADS when the environment sets it.
     threads: Optional[int] = None
+    # hydra/launcher=parallel: fork the sweep's worker processes from the launching one, which loads the
+    # job's modules (torch, pandas, MLflow, tamrun) once before they start (tamrun/forked_workers.py);
+    # false: joblib's loky workers, fresh interpreters that each import them (~5 s on 2 cores).
+    fork_workers: bool = True
     # CUDA only: torch.use_deterministic_algorithms (index_add_ by a sorted, deterministic kernel instead
     # of float atomics; cuBLAS with a fixed workspace) for bitwise-repeatable GPU runs, at some speed.
     # CPU runs repeat bitwise either way (for the same thread count).

@@ -201,6 +201,10 @@ class SweepCallback(Callback):
             atexit.register(self._close_abandoned)
         log.info("sweep %s: jobs are recorded under parent run %s (folder %s)", sweep_id,
                  info.get("parent_run_id"), sweep_dir)
+        if config.hw.get("fork_workers", True) and str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+            from tamrun.forked_workers import prepare_forked_workers
+
+            prepare_forked_workers()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Close the parent run; a sweep with a job that did not finish exits with code 2."""
