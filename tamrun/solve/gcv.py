@@ -6,7 +6,8 @@ route's own `normal_equations`:
     G_g = Phi_g' W Phi_g (D, D),   b_g = Phi_g' W y_g (D,),   yy_g = y_g' W y_g,   n_g
 
 For a penalty vector lambda (one per effect; P(lambda) = blockdiag lambda_j P_j, shared by all groups)
-each candidate costs one batched Cholesky and one pair of triangular solves (`gcv_terms`):
+each candidate costs one batched Cholesky (`cholesky_factor`, the direct route's, with its jitter
+escalation) and one batched Cholesky solve with D + 1 right-hand sides (`gcv_terms`):
 
     A_g = G_g / n_g + P(lambda) + jitter I = L_g L_g'
     [X_g | beta_g] = A_g^-1 [G_g / n_g | b_g / n_g]                  (D, D + 1)
@@ -49,7 +50,7 @@ from tamrun.effects.design import AdditiveDesign
 from tamrun.memory.guard import ChunkLoop
 from tamrun.memory.oracle import SelectPlan
 from tamrun.solve.assembly import normal_equations, system_scale
-from tamrun.solve.direct import cholesky_factor, triangular_pair_solve
+from tamrun.solve.direct import cholesky_factor
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,9 @@ def gcv_terms(stats: GroupStatistics, penalty: BlockPenalty, solver: SolverConfi
     system.diagonal(dim1=-2, dim2=-1).add_(solver.jitter)
     factor, failed, _ = cholesky_factor(system, solver.jitter, solver.jitter_growth, solver.jitter_max_tries)
     del system
-    solved = triangular_pair_solve(factor, torch.cat([scaled, (stats.rhs / stats.n.view(-1, 1)).unsqueeze(-1)], -1))
+    # torch.cholesky_solve, not triangular_pair_solve: with D + 1 right-hand sides batched triangular solves
+    # are several hundred times slower on the CPU (20 ms against 0.03 ms at g = 4, D = 22)
+    solved = torch.cholesky_solve(torch.cat([scaled, (stats.rhs / stats.n.view(-1, 1)).unsqueeze(-1)], -1), factor)
     del scaled, factor
     trace = solved[..., :-1].diagonal(dim1=-2, dim2=-1).sum(dim=-1)
     beta = solved[..., -1]
