@@ -88,8 +88,8 @@ def gcv_terms(stats: GroupStatistics, penalty: BlockPenalty, solver: SolverConfi
     system.diagonal(dim1=-2, dim2=-1).add_(solver.jitter)
     factor, failed, _ = cholesky_factor(system, solver.jitter, solver.jitter_growth, solver.jitter_max_tries)
     del system
-    # torch.cholesky_solve, not triangular_pair_solve: with D + 1 right-hand sides batched triangular solves
-    # are several hundred times slower on the CPU (20 ms against 0.03 ms at g = 4, D = 22)
+    # one LAPACK potrs per group for the D + 1 right-hand sides (measured no slower than two triangular
+    # solves at g = 48, D = 61; both ran ~100x slower with 2 threads on a loaded 2-core CPU than with 1)
     solved = torch.cholesky_solve(torch.cat([scaled, (stats.rhs / stats.n.view(-1, 1)).unsqueeze(-1)], -1), factor)
     del scaled, factor
     trace = solved[..., :-1].diagonal(dim1=-2, dim2=-1).sum(dim=-1)
