@@ -3,7 +3,9 @@
     load_splits(config, specs)                          -> Splits (train, test, validation frames, recipe)
     build_features(config, specs, train)                -> Features (training batch + fitted design)
     plan_memory(config, features, devices)              -> Plan (the oracle's route and chunks)
-    solve(config, features, plan, devices, loop, recipe) -> Fit (the fitted model, its plan and statistics)
+    solve(config, features, plan, devices, loop, recipe) -> Fit (the fitted model, its plan and statistics;
+                                                           with model.penalties=gcv the penalties are
+                                                           chosen first, `tamrun.solve.gcv`)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pandas as pd
 import torch
 
 from tamrun.config.effects import effect_columns
-from tamrun.config.schema import AdaptiveMethod, Config, DataConfig, DType, ModeName, TrackingConfig
+from tamrun.config.schema import AdaptiveMethod, Config, DataConfig, DType, ModeName, PenaltyMode, TrackingConfig
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, drop_missing_groups, enforce)
@@ -35,6 +37,7 @@ from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
 from tamrun.solve.cg import CgCallback, no_cg_progress
 from tamrun.solve.dispatcher import Dispatcher
+from tamrun.solve.gcv import GcvSelection, select_penalties
 from tamrun.solve.stats import FitStats
 
 log = logging.getLogger(__name__)
@@ -138,7 +141,8 @@ def plan_memory(config: Config, features: Features, devices: DeviceManager, n_pr
     size = problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
                         n_predict_rows)
     view = devices.memory(config.memory.safety_margin_bytes, recording_reserve(config.tracking, n_scored_rows))
-    return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound)
+    return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound,
+                       select=config.model.penalties == PenaltyMode.gcv)
 
 
 def recording_reserve(tracking: TrackingConfig, n_scored_rows: int) -> int:
@@ -189,6 +193,7 @@ class Fit:
     train: GroupedBatch
     device: torch.device
     loop: ChunkLoop
+    selection: Optional[GcvSelection] = None  # the GCV search that chose the penalties (model.penalties=gcv)
 
     def predict(self, batch: GroupedBatch, split: str = "") -> torch.Tensor:
         """Predictions (G, N) on the CPU in the plan's predict chunks, under the fit's guard; their
@@ -229,9 +234,14 @@ def check_coefficients(coef: torch.Tensor, groups: list, config: Config) -> None
 def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager, loop: ChunkLoop,
           recipe: DataRecipe, on_iteration: CgCallback = no_cg_progress) -> Fit:
     """Fit every group's coefficients along the plan, each chunk through ``loop`` (``on_iteration``:
-    CG progress)."""
+    CG progress); with model.penalties=gcv the tuned effects' penalties are chosen first and set on the
+    design (`select_penalties`, in the plan's `SelectPlan` chunks)."""
     design = features.design.to(devices.device)
     train = features.train
+    selection = None
+    if config.model.penalties == PenaltyMode.gcv:
+        selection = select_penalties(design, train, devices.device, config.solver, config.model.gcv, loop,
+                                     plan.select)
     initial = (warm_start_coefficients(config.solver.warm_start, train.groups, design.width)
                if config.solver.warm_start else None)
     dispatcher = Dispatcher(design, devices, plan, config.solver, loop, initial, on_iteration)
@@ -240,7 +250,7 @@ def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager
     check_coefficients(coef, train.groups, config)
     # standalone predictions (the MLflow model, plots) in the group chunk the fit kept: it fitted in memory
     model = FittedModel(design, coef, train.groups, recipe, train.x.dtype, stats.group_chunk, plan.predict.rows)
-    return Fit(model, plan, stats, train, devices.device, loop)
+    return Fit(model, plan, stats, train, devices.device, loop, selection)
 
 
 def fit_model(config: Config, specs: Dict[str, Any], splits: Splits, devices: DeviceManager, loop: ChunkLoop,

@@ -29,6 +29,7 @@ from tamrun.data.batch import GroupedBatch
 from tamrun.evaluate import mape, require_finite, rmse
 from tamrun.fitted import prediction_batch
 from tamrun.jobs.prepare import Prepared
+from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
 from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import OomLog
@@ -186,6 +187,7 @@ def _record(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, metric
                         "adaptive_windows_per_batch": window_plan.windows,
                         "adaptive_groups_per_batch": window_plan.groups, "memory_bound_by": window_plan.plan.bound_by})
     tracked.log_metrics(metrics)
+    record_selection(tracked, static.selection, config.model.gcv.offsets)
     for name, values in steps.items():
         tracked.log_metric_history(name, values)
     tracked.log_metric_history("batch_seconds", fitted.batch_seconds)

@@ -24,6 +24,7 @@ from tamrun.adaptive.filtering import FilterInputs, FilterRun, filter_inputs, ru
 from tamrun.adaptive.plots import adaptive_figure, weights_figure
 from tamrun.evaluate import mape, require_finite, rmse
 from tamrun.jobs.prepare import Prepared
+from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
 from tamrun.pipeline import Fit, Splits, fit_model, numerical_fix, solve
 from tamrun.tracking.mlflow_run import TrackedRun
@@ -131,7 +132,7 @@ def kalman_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     log.info("kalman: rmse_test=%.1f (static %.1f), adaptation %.3f s over the test period, static fit %.3f s",
              metrics["rmse_test"], metrics["rmse_test_static"], metrics["kalman_test_seconds"],
              metrics["static_fit_seconds"])
-    record_kalman(tracked, prepared, table, months, metrics, data, run, selection)
+    record_kalman(tracked, prepared, static, table, months, metrics, data, run, selection)
     return RunResult(run_id=None, route=static.plan.route, width=static.model.design.width, groups=static.model.groups,
                      coef=static.model.coef, metrics=metrics, table=lambda: table, plan=static.plan, stats=static.stats)
 
@@ -157,12 +158,14 @@ def kalman_metrics(prepared: Prepared, table: pd.DataFrame, run: FilterRun, pair
     return metrics
 
 
-def record_kalman(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, months: pd.DataFrame,
+def record_kalman(tracked: TrackedRun, prepared: Prepared, static: Fit, table: pd.DataFrame, months: pd.DataFrame,
                   metrics: Dict[str, float], data: FilterInputs, run: FilterRun, selection: Optional[Selection]) -> None:
-    """Log the run: metrics, the monthly RMSE, the selection, predictions, the forecast and weights plots."""
+    """Log the run: metrics, the monthly RMSE, the selections ((q, p0); the penalties under
+    model.penalties=gcv), predictions, the forecast and weights plots."""
     config = prepared.config
     tracked.log_params({"route": prepared.plan.route, "kalman_inputs": ",".join(data.names)})
     tracked.log_metrics(metrics)
+    record_selection(tracked, static.selection, config.model.gcv.offsets)  # model.penalties=gcv
     tracked.log_metric_history("rmse_month", months["adaptive"].tolist())
     tracked.log_metric_history("rmse_month_static", months["static"].tolist())
     tracked.log_frame(months, "kalman/monthly_rmse.csv")

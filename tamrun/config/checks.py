@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, List
+from typing import Any, List, Mapping
 
 from tamrun.config.ranges import SETTINGS, check_numbers, check_size, cli_text
-from tamrun.config.schema import AdaptiveMethod, Config, DataSource, ModeName, schema_default
+from tamrun.config.schema import AdaptiveMethod, Config, DataSource, DType, ModeName, PenaltyMode, schema_default
 from tamrun.errors import ConfigError
 
 _DERIVED_KINDS = ("time_index", "isin", "expr")
+# The most candidates of one effect's GCV grid (model.gcv.span / model.gcv.step).
+MAX_GCV_GRID = 401
 
 
 def _require(ok: bool, field: str, value: Any, problem: str, fix: str) -> None:
@@ -34,6 +36,7 @@ def check_config(cfg: Config) -> None:
     check_numbers(cfg, "", SETTINGS, schema_default)
     _check_memory(cfg)
     _check_solver(cfg)
+    _check_gcv(cfg)
     _check_hw(cfg)
     _check_data(cfg)
     _check_adaptive(cfg)
@@ -63,6 +66,31 @@ def _check_solver(cfg: Config) -> None:
     _require(not sol.dual or sol.jitter > 0, "solver.jitter", sol.jitter,
              "the direct route's dual form inverts P + jitter I, which needs jitter > 0 (P may be singular)",
              f"{_set_default('solver.jitter')}, or solver.dual=false")
+
+
+def _check_gcv(cfg: Config) -> None:
+    """model.penalties=gcv: float64, and a grid of at least 3 and at most `MAX_GCV_GRID` candidates."""
+    if cfg.model.penalties != PenaltyMode.gcv:
+        return
+    _require(cfg.dtype == DType.float64, "dtype", cfg.dtype.value, "model.penalties=gcv scores y'y - 2 beta'b + "
+             "beta'G beta, terms of the size of y'y whose difference float32 (7 digits) loses",
+             "set dtype=float64, or model.penalties=fixed")
+    gcv = cfg.model.gcv
+    size = len(gcv.offsets)
+    _require(3 <= size <= MAX_GCV_GRID, "model.gcv.step", gcv.step,
+             f"the grid ap - {gcv.span:g} ... ap + {gcv.span:g} in steps of {gcv.step:g} has {size} candidate(s) "
+             f"per effect (3 to {MAX_GCV_GRID} are allowed)",
+             f"set model.gcv.step to at most model.gcv.span={gcv.span:g} and at least {gcv.span / 200:g}, e.g. "
+             f"{_set_default('model.gcv.step')}")
+
+
+def check_gcv_effects(cfg: Config, specs: Mapping[str, Any]) -> None:
+    """Every effect named in model.gcv.effects is one of the model's (checked once the effects are parsed)."""
+    named = cfg.model.gcv.effects or []
+    unknown = [name for name in named if name not in specs]
+    _require(not unknown, "model.gcv.effects", list(named), f"no effect named {', '.join(map(repr, unknown))} in "
+             "the model", f"name effects among {', '.join(specs)}, or set model.gcv.effects=null (every effect "
+             f"with ap >= model.gcv.min_ap)")
 
 
 def _check_hw(cfg: Config) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Dict, Tuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tamrun.config.checks import check_config
+from tamrun.config.checks import check_config, check_gcv_effects
 from tamrun.config.effects import parse_effects
 from tamrun.config.entries import type_mappings
 from tamrun.config.schema import Config
@@ -40,6 +40,7 @@ def typed_config(cfg: Any) -> Tuple[Config, Dict[str, Any]]:
     check_config(config)
     effects_node = cfg.model.effects if isinstance(cfg, DictConfig) else config.model.effects
     specs = parse_effects(effects_node)
+    check_gcv_effects(config, specs)
     return config, specs
 
 

@@ -78,6 +78,10 @@ def bound_text(bound: float, integer: bool) -> str:
 
 SETTINGS: Dict[str, Range] = {
     "model.intercept_ap": Range(-60, 20, what="the intercept's log10 penalty"),
+    "model.gcv.span": Range(0, 80, low_open=True, what="the grid's half-width in decades"),
+    "model.gcv.step": Range(0, 80, low_open=True, what="the grid's step in decades"),
+    "model.gcv.sweeps": Range(1, 100, what="the number of sweeps"),
+    "model.gcv.min_ap": Range(-60, 20, what="the smallest log10 penalty tuned"),
     "hw.threads": Range(1, 65536, what="the number of threads"),
     "memory.dense_fraction": FRACTION,
     "memory.max_dense_dim": Range(1, INT64_MAX, what="the largest dense dimension"),

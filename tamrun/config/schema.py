@@ -96,6 +96,14 @@ class KalmanState(str, Enum):
     coefficients = "coefficients"
 
 
+class PenaltyMode(str, Enum):
+    """How the effects' penalties are set: ``fixed`` = each effect's configured ``ap``; ``gcv`` = chosen
+    by generalised cross-validation on the training rows before the fit (`tamrun.solve.gcv`)."""
+
+    fixed = "fixed"
+    gcv = "gcv"
+
+
 class ProgressMode(str, Enum):
     auto = "auto"  # a bar on a terminal, log lines otherwise
     bar = "bar"
@@ -176,12 +184,44 @@ class SplitConfig:
 
 
 @dataclass
+class GcvConfig:
+    """The search of ``model.penalties=gcv`` (docs/configuration.md, automatic penalties): coordinate
+    descent over the tuned effects, each effect's log10 penalty taken from the grid
+    ap_j + {-span, -span + step, ..., +span} around its configured ``ap`` (clipped to [-60, 20]) with
+    the other effects' held, for at most ``sweeps`` passes over the effects (fewer once a pass changes
+    nothing). The criterion is the pooled GCV score of the training rows (`tamrun.solve.gcv`)."""
+
+    # Half-width of each effect's grid, in decades of lambda.
+    span: float = 3.0
+    # The grid's step, in decades (span 3, step 0.5: 13 candidates per effect).
+    step: float = 0.5
+    # Passes of coordinate descent over the tuned effects.
+    sweeps: int = 2
+    # The effects tuned; None = every effect whose configured ap >= min_ap. The intercept is never tuned
+    # (its ap only keeps the system definite), nor by default an effect left unpenalised on purpose
+    # (the presets' Load_d1, ap=-30).
+    effects: Optional[List[str]] = None
+    min_ap: float = -20.0
+
+    @property
+    def offsets(self) -> List[float]:
+        """The grid's offsets from an effect's configured ap: k step for |k step| <= span, ascending."""
+        most = int(self.span / self.step + 1e-9)
+        return [k * self.step for k in range(-most, most + 1)]
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     effects: Dict[str, Any] = field(default_factory=dict)
     intercept: bool = True
     # log10 penalty of the intercept column (the peer uses -9).
     intercept_ap: float = -9.0
+    # fixed: the effects' configured ap; gcv: chosen per effect by generalised cross-validation on the
+    # training rows (settings: model.gcv), then the fit uses the chosen ones. Float64 only (the score
+    # subtracts Gram terms of the size of y'y).
+    penalties: PenaltyMode = PenaltyMode.fixed
+    gcv: GcvConfig = field(default_factory=GcvConfig)
 
 
 @dataclass

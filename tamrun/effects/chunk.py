@@ -13,7 +13,7 @@ reduced per row, and Gram blocks one 2-D product per group into a fresh tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -109,6 +109,11 @@ class BlockPenalty:
     def to(self, device: torch.device, dtype: torch.dtype) -> "BlockPenalty":
         return BlockPenalty([PenaltyBlock(b.start, b.width, b.matrix.to(device=device, dtype=dtype), b.grid)
                              for b in self.blocks], self.width)
+
+    def scaled(self, factors: Sequence[float]) -> "BlockPenalty":
+        """P with block i's lambda multiplied by ``factors[i]`` (one factor per block, in order)."""
+        return BlockPenalty([PenaltyBlock(b.start, b.width, b.matrix * float(f), b.grid)
+                             for b, f in zip(self.blocks, factors, strict=True)], self.width)
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """P v for v (g, D)."""

@@ -98,6 +98,8 @@ def run_metrics(prepared: Prepared, fit: Fit) -> Dict[str, float]:
         "recording_reserve_bytes": recording_reserve(prepared.config.tracking, prepared.splits.n_scored),
     })
     metrics.update({"fit_setup_seconds": stats.setup_seconds, "fit_solve_seconds": stats.solve_seconds})
+    if fit.selection is not None:
+        metrics.update(fit.selection.metrics())
     if plan.route == "cg":
         metrics.update({"cg_iterations": stats.cg_iterations, "cg_final_residual": stats.cg_final_residual,
                         "cg_unconverged_groups": stats.cg_unconverged_groups})

@@ -1,9 +1,10 @@
 """What a ``mode=run`` job records in MLflow: params, metrics, the memory report, the design, the
-predictions, the coefficients, the plots and the fitted model."""
+predictions, the coefficients, the plots and the fitted model (and the GCV search that chose the
+penalties, `record_selection`)."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import pandas as pd
 
@@ -13,6 +14,7 @@ from tamrun.evaluate import group_metrics
 from tamrun.jobs.prepare import Prepared
 from tamrun.memory.report import memory_report, report_text
 from tamrun.pipeline import Fit
+from tamrun.solve.gcv import GcvSelection
 from tamrun.tracking.datasets import dataset_inputs
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.run_plots import log_run_plots
@@ -23,6 +25,16 @@ def coefficients_frame(fit: Fit) -> pd.DataFrame:
     model = fit.model
     columns = [f"{name}[{i - s.start}]" for name, s in model.design.block_slices() for i in range(s.start, s.stop)]
     return pd.DataFrame(model.coef.numpy(), index=pd.Index(model.groups, name="group"), columns=columns).reset_index()
+
+
+def record_selection(tracked: TrackedRun, selection: Optional[GcvSelection], offsets: list) -> None:
+    """The GCV search (model.penalties=gcv): params ``gcv_ap.<effect>`` (the chosen log10 penalties),
+    metrics gcv_score, gcv_score_configured, gcv_candidates, gcv_seconds, and ``gcv/path.json``."""
+    if selection is None:
+        return
+    tracked.log_params(selection.params())
+    tracked.log_metrics(selection.metrics())
+    tracked.log_json(selection.path(offsets), "gcv/path.json")
 
 
 def record_inputs(tracked: TrackedRun, prepared: Prepared) -> None:
@@ -43,6 +55,7 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callabl
                         "memory_bound_by": plan.bound_by})
     tracked.set_tags({"route_reason": plan.reason, "cg_cache_design": plan.cache_design})
     tracked.log_metrics({**metrics, "predict_chunk_groups": plan.predict.groups, "predict_chunk_rows": plan.predict.rows})
+    record_selection(tracked, fit.selection, config.model.gcv.offsets)
     if stats.cg_history:
         tracked.log_metric_history("cg_residual", stats.cg_history)
     report = memory_report(plan, prepared.recorder, prepared.oom_log, prepared.limit, prepared.tracker.peak)

@@ -21,6 +21,12 @@ scatter temporaries for indexed blocks), apply (one product Phi v or Phi' u). Pe
                     per row max(build - store, apply) the chunk being built becomes part of the cache
     cg, rebuilt     fixed (8 D + 3 K) s, per row build + apply
     predict         fixed D s, per row max(build, store + apply) + s; plus the (G, N) predictions
+    gcv (model.penalties=gcv, `tamrun.solve.gcv`)
+                    held    (D^2 + D + 2) s for every group through the search (Gram, Phi'y, y'y, n)
+                    build   fixed (D^2 + D) s (a chunk's Gram and Phi'y before they are kept), per row
+                            as the direct route's
+                    score   fixed (8 D^2 + 6 D) s, no rows (one candidate: G/n, A, its factor, the
+                            right-hand sides [G/n | b/n], the two triangular solves, a jitter retry)
     window batch    see `window_costs` (the adaptive mode's batches of windows x groups)
 
 A step's footprint is g * (fixed + r * per row), times the overhead factor (memory.overhead_factor).
@@ -244,6 +250,21 @@ def data_step_bytes(step: str, nbytes: int) -> int:
 def dense_system_bytes(p: ProblemSize) -> int:
     """Bytes of one group's dense normal equations and their Cholesky solve."""
     return (2 * p.width * p.width + 4 * p.width) * p.itemsize
+
+
+def gcv_held_bytes(p: ProblemSize) -> int:
+    """Bytes of one group's statistics GCV keeps through its search: Gram, Phi'y, y'y and n."""
+    return (p.width * p.width + p.width + 2) * p.itemsize
+
+
+def gcv_build_cost(p: ProblemSize) -> StepCost:
+    """Per group: a chunk's Gram and Phi'y while built (before they are kept), rows as the direct route's."""
+    return StepCost((p.width * p.width + p.width) * p.itemsize, direct_row_bytes(p))
+
+
+def gcv_score_bytes(p: ProblemSize) -> int:
+    """Bytes of one group's GCV score at one candidate penalty (`tamrun.solve.gcv.gcv_terms`)."""
+    return (8 * p.width * p.width + 6 * p.width) * p.itemsize
 
 
 def kernel_build_bytes(n_rows: int, itemsize: int, tile_rows: int,

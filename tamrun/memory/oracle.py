@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 
 from tamrun.config.schema import MemoryConfig
-from tamrun.errors import MemoryBudgetError
+from tamrun.errors import ConfigError, MemoryBudgetError
 from tamrun.memory.footprint import (ProblemSize, StepCost, cg_cache_bytes, cg_row_bytes, cg_system_bytes,
-                                     dense_system_bytes, direct_row_bytes, dual_system_bytes, predict_output_bytes,
-                                     predict_row_bytes, select_chunk, step_bytes)
+                                     dense_system_bytes, direct_row_bytes, dual_system_bytes, gcv_build_cost,
+                                     gcv_held_bytes, gcv_score_bytes, predict_output_bytes, predict_row_bytes,
+                                     select_chunk, step_bytes)
 from tamrun.memory.limits import HARD, Limit
 from tamrun.memory.units import format_size
 
@@ -36,6 +37,23 @@ class ChunkPlan:
     groups: int
     rows: int
     bytes: int
+
+
+@dataclass(frozen=True)
+class SelectPlan:
+    """The penalty selection's memory (model.penalties=gcv, `tamrun.solve.gcv`): ``held`` bytes of every
+    group's statistics kept through the search, the chunks that build them (``build``, groups x rows) and
+    the chunks of groups scored at once per candidate penalty (``score``, rows unused)."""
+
+    held: int
+    build: ChunkPlan
+    score: ChunkPlan
+    build_cost: StepCost
+    score_cost: StepCost
+
+    @property
+    def peak(self) -> int:
+        return self.held + max(self.build.bytes, self.score.bytes)
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,7 @@ class Plan:
     dual: bool  # direct route in the dual form: one N x N system per group (N < D)
     bound_by: str = "device memory"  # the limit that binds the free memory (a key of tamrun.memory.limits.WHAT)
     bound_detail: str = ""  # that limit in words, with what is in use and left
+    select: Optional[SelectPlan] = None  # the penalty selection's (model.penalties=gcv), None without one
 
     @property
     def hard_bound(self) -> bool:
@@ -81,6 +100,9 @@ class Plan:
             f"fit chunks: {self.fit.groups} groups x {self.fit.rows} rows ({format_size(self.fit.bytes)})"
             + (", W Phi cached between CG iterations" if self.cache_design else ""),
             f"predict chunks: {self.predict.groups} groups x {self.predict.rows} rows ({format_size(self.predict.bytes)})",
+            *([f"GCV penalty selection: every group's Gram held ({format_size(self.select.held)}), built "
+               f"{self.select.build.groups} groups x {self.select.build.rows} rows at a time, scored "
+               f"{self.select.score.groups} groups at a time"] if self.select else []),
             f"predicted working peak: {format_size(self.predicted_peak)} of a budget of {format_size(self.budget)} "
             f"(free memory seen: {format_size(self.free)}, bound by {self.bound_detail or self.bound_by})",
             f"smallest memory.limit this run fits in: {format_size(self.minimal_limit)} (smallest chunks); "
@@ -231,12 +253,43 @@ class MemoryOracle:
                              min_rows, max_rows, "fit", minimal, bound)
         return fit, cache, fit_cost, predict_cost
 
+    def select_minimal(self, size: ProblemSize) -> int:
+        """The smallest memory.limit GCV's search can run in: every group's statistics, then one group
+        of one row or one group's score."""
+        overhead = self.cfg.overhead_factor
+        build, score = gcv_build_cost(size), StepCost(gcv_score_bytes(size), 0)
+        smallest = max(build.bytes(1, 1, overhead), score.bytes(1, 0, overhead))
+        return int((step_bytes(size.n_groups, 0, gcv_held_bytes(size), 0, overhead) + smallest)
+                   / self.chunk_fraction) + 1
+
+    def select_plan(self, size: ProblemSize, budget: int, minimal: int, bound: Limit) -> SelectPlan:
+        """GCV's chunks in ``budget`` (`SelectPlan`): what is left once every group's Gram is held.
+
+        Raises:
+            ConfigError: D > memory.max_dense_dim (no dense Gram is built that wide).
+            MemoryBudgetError: the held Grams and one group's smallest step do not fit.
+        """
+        if size.width > self.cfg.max_dense_dim:
+            raise ConfigError("model.penalties", "gcv", f"the GCV search holds each group's D x D Gram; D={size.width} "
+                              f"> memory.max_dense_dim={self.cfg.max_dense_dim}", "set model.penalties=fixed (tune "
+                              "the penalties with the optuna sweep, docs/sweeps.md), or use a smaller model")
+        overhead, groups = self.cfg.overhead_factor, size.n_groups
+        held = step_bytes(groups, 0, gcv_held_bytes(size), 0, overhead)
+        left = budget - held
+        build_cost, score_cost = gcv_build_cost(size), StepCost(gcv_score_bytes(size), 0)
+        build = pick_chunk(groups, size.n_rows, build_cost.fixed, build_cost.per_row, left, overhead,
+                           self.cfg.min_chunk_rows, self.cfg.max_chunk_rows, "GCV Gram", minimal, bound)
+        # a score has no rows: one "row" of 0 bytes more keeps the one chunk selector
+        score = pick_chunk(groups, 1, score_cost.fixed, 1, left, overhead, 1, 1, "GCV score", minimal, bound)
+        score = ChunkPlan(score.groups, 0, score_cost.bytes(score.groups, 0, overhead))
+        return SelectPlan(held, build, score, build_cost, score_cost)
+
     def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False, held: int = 0,
-             bound: Optional[Limit] = None) -> Plan:
+             bound: Optional[Limit] = None, select: bool = False) -> Plan:
         """The whole plan: route, fit chunks, predict chunks, the predicted peak and the minimal limit.
         ``free``: the device's free bytes; ``held``: the bytes already counted against the limit (see
         `capped_free`); ``dual``: the direct route may take the dual form (solver.dual); ``bound``: the
-        limit ``free`` was read under (`binding`).
+        limit ``free`` was read under (`binding`); ``select``: plan GCV's penalty selection too (`select_plan`).
 
         Raises:
             MemoryBudgetError: even the smallest chunk does not fit (the message gives the minimal limit).
@@ -247,6 +300,8 @@ class MemoryOracle:
         free = self.capped_free(free, held)
         budget = int(self.chunk_fraction * free)
         minimal = self.minimal_limit(size, dual, requested if requested in ("direct", "cg") else None)
+        minimal = max(minimal, self.select_minimal(size)) if select else minimal
+        chosen = self.select_plan(size, budget, minimal, bound) if select else None
         try:
             fit, cache, fit_cost, predict_cost = self.fit_chunk(size, route, dual, budget, minimal, bound)
         except MemoryBudgetError:
@@ -262,7 +317,8 @@ class MemoryOracle:
                            minimal, bound)
         predict = ChunkPlan(chunk.groups, chunk.rows, chunk.bytes + output)
         plan = Plan(route=route, reason=reason, fit=fit, predict=predict, cache_design=cache, budget=budget,
-                    free=free, predicted_peak=max(fit.bytes, predict.bytes), minimal_limit=minimal,
+                    free=free, predicted_peak=max(fit.bytes, predict.bytes, chosen.peak if chosen else 0),
+                    minimal_limit=minimal, select=chosen,
                     fit_cost=fit_cost, predict_cost=predict_cost, overhead=overhead,
                     chunk_fraction=self.chunk_fraction, predict_output=output, dual=dual, bound_by=bound.name,
                     bound_detail=bound.describe())
