@@ -101,22 +101,25 @@ class FilterRun:
 
 
 def filter_cost(data: FilterInputs, pairs: int, keep_weights: bool) -> StepCost:
-    """What the filters of one group hold: per pair its state (theta, covariance, the step's
-    temporaries: about 2 k^2 + 6 k values) and its forecasts (T R), and the weights kept (T k)."""
+    """What the filters of one group hold: its series on the device (T R (k + 2) values), per pair its
+    state (theta, covariance, the step's temporaries: about 2 k^2 + 6 k values) and its forecasts, errors
+    and variances (3 T R), and the weights kept (T k)."""
     _, n_days, n_rows, k = data.inputs.shape
     size = data.inputs.element_size()
-    per_pair = (2 * k * k + 6 * k + n_days * n_rows) * size
-    return StepCost(pairs * per_pair + (n_days * k * size if keep_weights else 0), 0)
+    per_pair = (2 * k * k + 6 * k + 3 * n_days * n_rows) * size
+    series = n_days * n_rows * (k + 2) * size
+    return StepCost(series + pairs * per_pair + (n_days * k * size if keep_weights else 0), 0)
 
 
 def run_filters(data: FilterInputs, pairs: Sequence[Tuple[float, float]], split_day: int, loop: ChunkLoop,
-                budget: int, overhead: float, keep_weights: bool = False) -> FilterRun:
-    """Filter every group under every (q, p0) pair, as many groups at once as ``budget`` bytes hold
-    (each chunk under the guard of ``loop``: an OOM retries it with fewer groups)."""
+                budget: int, overhead: float, keep_weights: bool = False,
+                device: torch.device = torch.device("cpu")) -> FilterRun:
+    """Filter every group under every (q, p0) pair on ``device``, as many groups at once as ``budget`` bytes
+    hold (each chunk under the guard of ``loop``: an OOM retries it with fewer groups); results on the CPU."""
     n_groups, n_days, n_rows, k = data.inputs.shape
     dtype, n_pairs = data.inputs.dtype, len(pairs)
-    q = torch.tensor([pair[0] for pair in pairs], dtype=dtype)
-    p0 = torch.tensor([pair[1] for pair in pairs], dtype=dtype)
+    q = torch.tensor([pair[0] for pair in pairs], dtype=dtype, device=device)
+    p0 = torch.tensor([pair[1] for pair in pairs], dtype=dtype, device=device)
     cost = filter_cost(data, n_pairs, keep_weights)
     chunk = min(n_groups, int(budget // max(1, cost.bytes(1, 0, overhead))))
     if chunk < 1:
@@ -130,16 +133,17 @@ def run_filters(data: FilterInputs, pairs: Sequence[Tuple[float, float]], split_
 
     def step(start: int, size: int) -> None:
         groups = slice(start, start + size)
-        state = FilterState.initial(data.theta0[groups].repeat(n_pairs, 1), p0.repeat_interleave(size))
+        inputs, target, update = (t[groups].to(device) for t in (data.inputs, data.target, data.update))
+        state = FilterState.initial(data.theta0[groups].to(device).repeat(n_pairs, 1), p0.repeat_interleave(size))
         for segment, days in (("burn_in", slice(0, split_day)), ("adaptation", slice(split_day, n_days))):
             began = time.perf_counter()
-            kept = None if weights is None else data.inputs.new_zeros((1, size, days.stop - days.start, k))
-            run.forecast[:, groups, days] = kalman_filter(data.inputs[groups, days], data.target[groups, days],
-                                                          data.update[groups, days], q, state, kept)
+            kept = None if weights is None else inputs.new_zeros((1, size, days.stop - days.start, k))
+            forecast = kalman_filter(inputs[:, days], target[:, days], update[:, days], q, state, kept)
+            run.forecast[:, groups, days] = forecast.cpu()
             if kept is not None:
-                weights[groups, days] = kept[0]
+                weights[groups, days] = kept[0].cpu()
             run.seconds[segment] += time.perf_counter() - began
-        run.sigma2[:, groups] = state.sigma2.view(n_pairs, size)
+        run.sigma2[:, groups] = state.sigma2.view(n_pairs, size).cpu()
 
     run.groups = loop.run(step, n_groups, chunk, "kalman", cost)
     return run

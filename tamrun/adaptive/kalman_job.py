@@ -63,7 +63,7 @@ def adapt(prepared: Prepared, fit: Fit, frame: pd.DataFrame, start: pd.Timestamp
                          fit.plan.predict.rows)
     with prepared.tracker.hold(data.nbytes(), "kalman inputs"):
         run = run_filters(data, pairs, data.day_index(start), prepared.chunk_loop(), prepared.plan.budget,
-                          prepared.plan.overhead, keep_weights)
+                          prepared.plan.overhead, keep_weights, prepared.devices.device)
     log.info("kalman: %d pair(s) x %d group(s), k=%d inputs, %d days (%.2f s burn-in, %.2f s from %s)",
              len(pairs), data.inputs.shape[0], data.inputs.shape[-1], data.inputs.shape[1], run.seconds["burn_in"],
              run.seconds["adaptation"], start.date())
