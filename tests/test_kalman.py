@@ -16,11 +16,11 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import tamrun.adaptive.filtering
-from tamrun.adaptive.filtering import FilterInputs, filter_cost, run_filters
+from tamrun.adaptive.filtering import FilterInputs, check_input_room, filter_cost, run_filters
 from tamrun.adaptive.kalman import FilterState, kalman_filter
 from tamrun.adaptive.state_space import day_grid, effect_contributions
 from tamrun.config.load import typed_config
-from tamrun.config.schema import OomConfig
+from tamrun.config.schema import KalmanState, OomConfig
 from tamrun.errors import ConfigError, DataError, MemoryBudgetError
 from tamrun.memory.guard import ChunkLoop, OomLog
 from tamrun.memory.tracker import MemoryTracker
@@ -248,6 +248,15 @@ def test_the_filters_take_as_many_groups_as_the_budget_holds_and_refuse_less_tha
     torch.testing.assert_close(chunked.forecast, whole.forecast, rtol=0, atol=0)
     with pytest.raises(MemoryBudgetError, match=r"adaptive\.kalman.*Fix: give fewer \(q, p0\) pairs"):
         run_filters(data, pairs, 10, loop, budget=one_group - 1, overhead=1.0)
+
+
+def test_inputs_beyond_the_budget_are_refused_before_they_are_built():
+    """The inputs of every design column of a wide model over many rows: a MemoryBudgetError that names
+    adaptive.kalman.state and the way out, before anything is allocated."""
+    with pytest.raises(MemoryBudgetError, match=r"^adaptive\.kalman\.state='coefficients': .*Fix: use "
+                                                r"adaptive\.kalman\.state=effects"):
+        check_input_room(2 * (3211 + 2) * 4_700 * 48 * 8, 1 << 30, KalmanState.coefficients)
+    check_input_room(1 << 20, 1 << 30, KalmanState.effects)  # fits: nothing raised
 
 
 def test_the_coefficients_state_adapts_every_column(compose_cfg, tmp_path):

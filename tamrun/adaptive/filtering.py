@@ -59,6 +59,24 @@ class FilterInputs:
         return sum(t.element_size() * t.numel() for t in (self.inputs, self.target, self.observed, self.update))
 
 
+def input_bytes(model: FittedModel, n_rows: int, state: KalmanState) -> int:
+    """What building the inputs of ``n_rows`` rows holds at its peak: the (G, N, k) inputs, their copy
+    on the (G, T, R, k) grid, and the target, masks and dates beside them (about 2 k + 4 values a row)."""
+    k = len(model.design.blocks) if state == KalmanState.effects else model.design.width
+    return (2 * k + 4) * n_rows * torch.finfo(model.dtype).bits // 8
+
+
+def check_input_room(needed: int, budget: int, state: KalmanState) -> None:
+    """`MemoryBudgetError` when the filters' inputs (``needed`` bytes) exceed the run's ``budget``."""
+    if needed > budget:
+        fix = ("use adaptive.kalman.state=effects (one input per effect), " if state == KalmanState.coefficients
+               else "")
+        raise MemoryBudgetError("adaptive.kalman.state", state.value,
+                                f"the filters' inputs need about {format_size(needed)}, more than the budget of "
+                                f"{format_size(budget)}", f"{fix}raise memory.limit, or filter fewer rows "
+                                "(split.train_start later)")
+
+
 def filter_inputs(model: FittedModel, frame: pd.DataFrame, burn_in_end: pd.Timestamp, state: KalmanState,
                   skip_updates: Sequence[str], device: torch.device, row_chunk: int) -> FilterInputs:
     """The inputs of the filters over the rows of ``frame`` (a table of the model's data): each effect's

@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from tamrun.adaptive.filtering import FilterInputs, FilterRun, filter_inputs, run_filters, slot_rmse
+from tamrun.adaptive.filtering import (FilterInputs, FilterRun, check_input_room, filter_inputs, input_bytes,
+                                      run_filters, slot_rmse)
 from tamrun.adaptive.plots import adaptive_figure, weights_figure
 from tamrun.evaluate import mape, require_finite, rmse
 from tamrun.jobs.prepare import Prepared
@@ -59,6 +60,7 @@ def adapt(prepared: Prepared, fit: Fit, frame: pd.DataFrame, start: pd.Timestamp
           pairs: List[Tuple[float, float]], keep_weights: bool) -> Tuple[FilterInputs, FilterRun]:
     """Filters of ``pairs`` over the rows of ``frame``, burnt in on the rows before ``start``."""
     config, kal = prepared.config, prepared.config.adaptive.kalman
+    check_input_room(input_bytes(fit.model, len(frame), kal.state), prepared.plan.budget, kal.state)
     data = filter_inputs(fit.model, frame, start, kal.state, kal.skip_updates, prepared.devices.device,
                          fit.plan.predict.rows)
     with prepared.tracker.hold(data.nbytes(), "kalman inputs"):
