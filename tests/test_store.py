@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.store import store_lock, with_busy_timeout
+from tamrun.tracking.store import check_artifact_location, store_lock, with_busy_timeout
 
 WRITERS = 8
 
@@ -105,3 +105,18 @@ def test_a_lock_held_too_long_is_a_clear_error(tmp_path):
         with pytest.raises(ConfigError, match=r"tracking.lock_timeout_s=0.2: another process held"):
             with store_lock(uri, 0.2):
                 pass
+
+
+@pytest.mark.parametrize("location", ["mlflow-artifacts:/1", "s3://bucket/1", "mlflow-artifacts://host:5000/1"])
+def test_a_remote_artifact_location_creates_no_local_folder(tmp_path, monkeypatch, location):
+    """A server's artifact location (``mlflow server --serve-artifacts`` gives ``mlflow-artifacts:/1``,
+    without ``//``) is not a relative path: no folder named after it appears in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    check_artifact_location(location, "tracking.artifact_root")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_artifact_location_is_created(tmp_path):
+    for location in (str(tmp_path / "a" / "1"), f"file://{tmp_path / 'b' / '1'}"):
+        check_artifact_location(location, "tracking.artifact_root")
+    assert (tmp_path / "a" / "1").is_dir() and (tmp_path / "b" / "1").is_dir()

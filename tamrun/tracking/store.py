@@ -106,8 +106,11 @@ def check_driver(uri: str) -> None:
 
 def check_artifact_location(location: Optional[str], field: str) -> None:
     """Create the local folder of an artifact location (a path or a file: URI), or refuse it naming
-    ``field``; remote locations are left to MLflow."""
-    if not location or ("://" in location and not location.startswith("file:")):
+    ``field``; remote locations are left to MLflow (any URI scheme but file:, also without ``//``: an
+    ``mlflow server --serve-artifacts`` experiment's ``mlflow-artifacts:/1``; a one-letter scheme is a
+    Windows drive)."""
+    scheme = urlsplit(location or "").scheme
+    if not location or (len(scheme) > 1 and scheme != "file"):
         return
     folder = Path(urlsplit(location).path if location.startswith("file:") else location)
     try:
