@@ -571,3 +571,17 @@ def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkey
     logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false", store=migrated_store)
     assert logged.info.status == "FINISHED"
     assert "group 2 has 5 training row(s) for" in text and "the config says warn" in text
+
+
+def test_tracking_server_without_its_environment_variable_is_refused(tmp_path, monkeypatch, capsys):
+    """tracking=server reads the URI from MLFLOW_TRACKING_URI: unset, the run stops before any store
+    is opened, with exit 2 and a message naming tracking.uri_env and the export to do."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        main(["tracking=server"])
+    output = "".join(capsys.readouterr())
+    assert ended.value.code == 2, output
+    assert ("tamrun: config error: tracking.uri_env='MLFLOW_TRACKING_URI': the environment variable "
+            "MLFLOW_TRACKING_URI is unset or empty. Fix: export MLFLOW_TRACKING_URI=") in output, output
+    assert "Traceback" not in output and not (tmp_path / "outputs" / "mlflow.db").exists()
