@@ -225,13 +225,7 @@ def test_a_server_killed_mid_sweep_fails_the_jobs_cleanly(postgres, tmp_path, cs
                               "model.effects.sx.k=6,7,8,9", "tracking=server", "tracking.experiment=down",
                               f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        wait_finished(down.uri, "down", 1, 300)
-        down.stop(signal.SIGKILL)
-        output = sweep.communicate(timeout=300)[0]
-    finally:
-        sweep.kill()
-        down.stop()
+    output = kill_server_when(down, sweep, lambda: wait_finished(down.uri, "down", 1, 300))
     assert sweep.returncode == 2, output[-5000:]
     assert f"tracking.uri='{down.uri}'" in output and "tracking.connect_timeout_s" in output, output[-5000:]
 
@@ -251,3 +245,60 @@ def test_a_server_killed_mid_sweep_fails_the_jobs_cleanly(postgres, tmp_path, cs
         if run.info.status == "FINISHED":  # complete: its config, metrics and log all written
             assert run.data.params["model.effects.sx.k"] and "rmse_test" in run.data.metrics
     print("\nafter the server's return:", sorted((r.data.params.get("model.effects.sx.k"), r.info.status) for r in jobs))
+
+
+def test_a_server_killed_during_a_run_ends_the_job_with_one_message(postgres, tmp_path, csv_path):
+    """The server is SIGKILLed as soon as the job's run exists (during its fit): exit 2, one message
+    naming tracking.uri and the run, no traceback; back up, the next run on this host closes it KILLED."""
+    down = MlflowServer(postgres, tmp_path / "artifacts", tmp_path / "server.log").start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_", "MLFLOW_"))}
+    env.update(MLFLOW_TRACKING_URI=down.uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="1", MLFLOW_HTTP_REQUEST_TIMEOUT="10")
+    job = subprocess.Popen([sys.executable, "-m", "tamrun", *csv_overrides(csv_path), *SWEEP[1:], "model.effects.sx.k=6",
+                            "tracking=server", "tracking.experiment=mid"], cwd=tmp_path, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    client = MlflowClient(tracking_uri=down.uri)
+    output = kill_server_when(down, job, lambda: _poll(lambda: _quiet(lambda: job_runs(client, "mid")[0]), 300))
+    assert job.returncode == 2, output[-5000:]
+    assert "Traceback" not in output, output[-5000:]
+    assert f"tamrun: config error: tracking.uri='{down.uri}': the store stopped answering during run" in output
+
+    back = MlflowServer(postgres, tmp_path / "artifacts", tmp_path / "server.log")
+    back.port, back.uri = down.port, down.uri
+    back.start()
+    try:
+        env["MLFLOW_TRACKING_URI"] = back.uri
+        again = subprocess.run([sys.executable, "-m", "tamrun", *csv_overrides(csv_path), *SWEEP[1:],
+                                "tracking=server", "tracking.experiment=mid"], cwd=tmp_path, env=env, text=True,
+                               capture_output=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-5000:]
+        statuses = sorted(r.info.status for r in job_runs(MlflowClient(tracking_uri=back.uri), "mid")[0])
+    finally:
+        back.stop()
+    assert statuses == ["FINISHED", "KILLED"], statuses
+
+
+def kill_server_when(server: MlflowServer, process: subprocess.Popen, ready) -> str:
+    """Call ``ready()`` (it waits), SIGKILL ``server``, and return ``process``'s output once it ends
+    (the process and the server are stopped whatever happens)."""
+    try:
+        ready()
+        server.stop(signal.SIGKILL)
+        return process.communicate(timeout=300)[0]
+    finally:
+        process.kill()
+        server.stop()
+
+
+def _poll(probe, timeout: float) -> None:
+    """Wait until ``probe()`` is truthy, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not probe():
+        time.sleep(0.1)
+
+
+def _quiet(probe):
+    """``probe()``, or None where it raises (the experiment not created yet)."""
+    try:
+        return probe()
+    except Exception:
+        return None

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from tamrun.config.schema import TrackingConfig
+from tamrun.errors import ConfigError
 from tamrun.tracking.params import to_params
 from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.secrets import env_uri, masked
@@ -145,12 +146,30 @@ class TrackedRun:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self.enabled or self.run_id is None:
             return False
+        from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
+
         try:  # a signal while the end is written is deferred: the run still ends, KILLED (a second Ctrl-C too)
             with signals_deferred(reraise=not isinstance(exc, KeyboardInterrupt)) as deferral:
                 self._terminate(exc_type, exc, tb, deferral)
+        except (MlflowException, SQLAlchemyError, OSError) as error:  # the store went away during the run
+            raise self._lost_store(error) from None
         finally:
             self._restore_signals()
         return False
+
+    def _lost_store(self, error: BaseException) -> ConfigError:
+        """The error for a store that stopped answering while the run was open (its end not written):
+        the run stays RUNNING there until the next run on this host closes it KILLED (`close_stale_runs`)."""
+        reason = (getattr(error, "message", None) or str(error)).splitlines()[0][:300]
+        lost = ConfigError("tracking.uri", masked(self.uri),
+                           f"the store stopped answering during run {self.run_id}, whose end could not be written "
+                           f"({masked(reason)})",
+                           "check the URI and that the tracking server is up, then run again (the run left RUNNING "
+                           "is closed KILLED by the next run on this host); tracking.connect_timeout_s bounds the "
+                           "check before a run starts")
+        lost.run_id = self.run_id
+        return lost
 
     def _terminate(self, exc_type, exc, tb, deferral: Deferral) -> None:
         if exc_type is None:
