@@ -117,6 +117,9 @@ class Case:
     needs: Optional[str] = None  # a device kind that must be absent
     subprocess: bool = False
     setup: Optional[Callable[[Path], None]] = field(default=None, repr=False)
+    # Modules made unimportable for the case (a driver the team extra may have installed): None in
+    # sys.modules in-process, a package raising ModuleNotFoundError ahead on PYTHONPATH in a subprocess.
+    hide: List[str] = field(default_factory=list)
 
 
 def _file_named(name: str) -> Callable[[Path], None]:
@@ -247,9 +250,10 @@ CASES = [
           "writable folder"], False, setup=_file_named("afile")),
     Case("artifact root too long", [f"tracking.artifact_root={{tmp}}/{LONG}"],
          ["tracking.artifact_root=", "File name too long"], False),
-    Case("postgresql driver missing", ["tracking.uri=postgresql://user@127.0.0.1/db"],
-         ["tracking.uri='postgresql://user@127.0.0.1/db'", "the database driver 'psycopg' is not installed",
-          "pip install 'psycopg[binary]' (or psycopg2-binary", "tracking.uri=sqlite:///"], False, subprocess=True),
+    Case("postgresql driver missing", ["tracking.uri=postgresql://user:hunter2@127.0.0.1/db"],
+         ["tracking.uri='postgresql://user:***@127.0.0.1/db'", "the database driver 'psycopg' is not installed",
+          "pip install 'tamrun[team]' (psycopg 3; or psycopg2-binary", "tracking.uri=sqlite:///"], False,
+         subprocess=True, hide=["psycopg"]),
     Case("mysql driver missing", ["tracking.uri=mysql://user@127.0.0.1/db"],
          ["the database driver 'MySQLdb' is not installed", "pip install mysqlclient"], False),
     # --- data and split: the run has started and must end FAILED
@@ -390,6 +394,8 @@ def test_bad_input_in_process(case, tmp_path, monkeypatch, capsys, migrated_stor
         pytest.skip(f"this machine has {case.needs}: hw={case.needs} is valid here")
     argv = _prepare(case, tmp_path, migrated_store)
     monkeypatch.chdir(tmp_path)
+    for module in case.hide:
+        monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(SystemExit) as ended:
         main(argv)
     out = capsys.readouterr()
@@ -408,10 +414,21 @@ def test_the_table_has_at_least_thirty_distinct_cases():
 SUBPROCESS_CASES = [c for c in CASES if c.subprocess]
 
 
+def _hidden_modules(modules: List[str], folder: Path) -> str:
+    """A folder of packages that raise ModuleNotFoundError as an absent module does (for PYTHONPATH)."""
+    for module in modules:
+        (folder / module).mkdir(parents=True)
+        (folder / module / "__init__.py").write_text(
+            f"raise ModuleNotFoundError({f'No module named {module!r}'!r}, name={module!r})\n")
+    return str(folder)
+
+
 @pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=[c.id for c in SUBPROCESS_CASES])
 def test_bad_input_through_a_real_subprocess(case, tmp_path, migrated_store):
     argv = _prepare(case, tmp_path, migrated_store)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_"))}
+    if case.hide:
+        env["PYTHONPATH"] = os.pathsep.join([_hidden_modules(case.hide, tmp_path / "hidden"), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-m", "tamrun", *argv], cwd=tmp_path, capture_output=True, text=True,
                           env=env, timeout=300)
     output = done.stdout + done.stderr
@@ -554,3 +571,17 @@ def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkey
     logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false", store=migrated_store)
     assert logged.info.status == "FINISHED"
     assert "group 2 has 5 training row(s) for" in text and "the config says warn" in text
+
+
+def test_tracking_server_without_its_environment_variable_is_refused(tmp_path, monkeypatch, capsys):
+    """tracking=server reads the URI from MLFLOW_TRACKING_URI: unset, the run stops before any store
+    is opened, with exit 2 and a message naming tracking.uri_env and the export to do."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        main(["tracking=server"])
+    output = "".join(capsys.readouterr())
+    assert ended.value.code == 2, output
+    assert ("tamrun: config error: tracking.uri_env='MLFLOW_TRACKING_URI': the environment variable "
+            "MLFLOW_TRACKING_URI is unset or empty. Fix: export MLFLOW_TRACKING_URI=") in output, output
+    assert "Traceback" not in output and not (tmp_path / "outputs" / "mlflow.db").exists()

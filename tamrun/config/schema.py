@@ -364,6 +364,9 @@ class TrackingConfig:
     # The MLflow store, e.g. sqlite:////abs/path/mlflow.db or http://tracking-server:5000;
     # None: sqlite:///<cwd>/outputs/mlflow.db
     uri: Optional[str] = None
+    # When uri is None: the environment variable holding the URI (tracking=server: MLFLOW_TRACKING_URI),
+    # so a URI with credentials is never written in a config; unset or empty is an error. None: not used.
+    uri_env: Optional[str] = None
     # None: <folder of the sqlite file>/mlartifacts
     artifact_root: Optional[str] = None
     experiment: str = "tamrun"
@@ -377,7 +380,8 @@ class TrackingConfig:
     busy_timeout_s: float = 60.0
     # sqlite stores: the longest wait for <db>.lock (first creation/migration, experiment creation).
     lock_timeout_s: float = 300.0
-    # http(s) stores: how long to wait for the server's TCP answer before failing with a clear error.
+    # http(s) and database (postgresql://...) stores: how long to wait for the server's TCP answer before
+    # failing with a clear error.
     connect_timeout_s: float = 5.0
 
 

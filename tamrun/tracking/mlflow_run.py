@@ -6,6 +6,8 @@ FINISHED on success, FAILED on any exception (with the error as tags) and KILLED
 A signal never lands inside a store call (`tamrun.tracking.signals.signals_deferred`): one during the
 run's creation ends the created run KILLED, one while its end is written makes that end KILLED.
 Every run logs its log as the artifact ``logs/run.log`` (with the traceback when it failed).
+Params, tags and text artifacts pass through `tamrun.tracking.secrets.masked`: a password in a URI
+(``postgresql://user:password@host/db``) is written as ``***``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from tamrun.config.schema import TrackingConfig
+from tamrun.errors import ConfigError
 from tamrun.tracking.params import to_params
 from tamrun.tracking.runlog import RunLog
+from tamrun.tracking.secrets import env_uri, masked
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_runs, process_tags
 from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client, sqlite_path,
@@ -38,6 +42,14 @@ def default_tracking_uri(cwd: Optional[Path] = None) -> str:
     return f"sqlite:///{(cwd or Path.cwd()) / 'outputs' / 'mlflow.db'}"
 
 
+def tracking_uri(cfg: TrackingConfig) -> str:
+    """``tracking.uri``, else the environment variable ``tracking.uri_env`` names (an error when it is
+    unset), else the default sqlite store."""
+    if cfg.uri:
+        return cfg.uri
+    return env_uri(cfg.uri_env) if cfg.uri_env else default_tracking_uri()
+
+
 class TrackedRun:
     """Context manager for one MLflow run; ``enabled=False`` makes every call a no-op.
 
@@ -50,7 +62,9 @@ class TrackedRun:
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str]) -> None:
         self.cfg = cfg
         self.enabled = cfg.enabled
-        self.uri = cfg.uri or default_tracking_uri()
+        self.uri = tracking_uri(cfg) if cfg.enabled else (cfg.uri or "")
+        if masked(self.uri) != self.uri:  # MLflow prints a run's link, password included, as the run ends
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.run_name = cfg.run_name or run_name
         self.tags = dict(tags)
         self.client = None
@@ -75,9 +89,10 @@ class TrackedRun:
                 self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self.runlog.start()
-        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, self.uri)
+        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, masked(self.uri))
         log.info("compare runs in the MLflow UI%s: %s", "" if self.uri.startswith("http") else
-                 f" (mlflow ui --backend-store-uri {self.uri})", runs_table_url(self.uri, self.experiment_id))
+                 f" (mlflow ui --backend-store-uri {masked(self.uri)})",
+                 masked(runs_table_url(self.uri, self.experiment_id)))
         return self
 
     def start_detached(self) -> str:
@@ -112,7 +127,8 @@ class TrackedRun:
         experiment = self.client.get_experiment(self.experiment_id)
         check_artifact_location(experiment.artifact_location, "tracking.artifact_root")
         ensure_runs_view(self.client, experiment)
-        run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags={**self.tags, **process_tags()})
+        tags = {key: masked(str(value)) for key, value in {**self.tags, **process_tags()}.items()}
+        run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
         self.run_id = run.info.run_id
         try:
             close_stale_runs(self.client, self.experiment_id, self.run_id)
@@ -130,12 +146,30 @@ class TrackedRun:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self.enabled or self.run_id is None:
             return False
+        from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
+
         try:  # a signal while the end is written is deferred: the run still ends, KILLED (a second Ctrl-C too)
             with signals_deferred(reraise=not isinstance(exc, KeyboardInterrupt)) as deferral:
                 self._terminate(exc_type, exc, tb, deferral)
+        except (MlflowException, SQLAlchemyError, OSError) as error:  # the store went away during the run
+            raise self._lost_store(error) from None
         finally:
             self._restore_signals()
         return False
+
+    def _lost_store(self, error: BaseException) -> ConfigError:
+        """The error for a store that stopped answering while the run was open (its end not written):
+        the run stays RUNNING there until the next run on this host closes it KILLED (`close_stale_runs`)."""
+        reason = (getattr(error, "message", None) or str(error)).splitlines()[0][:300]
+        lost = ConfigError("tracking.uri", masked(self.uri),
+                           f"the store stopped answering during run {self.run_id}, whose end could not be written "
+                           f"({masked(reason)})",
+                           "check the URI and that the tracking server is up, then run again (the run left RUNNING "
+                           "is closed KILLED by the next run on this host); tracking.connect_timeout_s bounds the "
+                           "check before a run starts")
+        lost.run_id = self.run_id
+        return lost
 
     def _terminate(self, exc_type, exc, tb, deferral: Deferral) -> None:
         if exc_type is None:
@@ -151,8 +185,8 @@ class TrackedRun:
         try:
             if exc is not None:
                 self.client.set_tag(self.run_id, "error_type", exc_type.__name__)
-                self.client.set_tag(self.run_id, "error", str(exc)[:5000])
-            self.client.log_text(self.run_id, text, "logs/run.log")
+                self.client.set_tag(self.run_id, "error", masked(str(exc))[:5000])
+            self.client.log_text(self.run_id, masked(text), "logs/run.log")
         except Exception as error:  # the store or artifact folder failed too: the status still matters
             log.error("could not record the error or the log of run %s: %s", self.run_id, error)
         if deferral.received is None:
@@ -167,7 +201,7 @@ class TrackedRun:
             return
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in to_params(tree).items()]
+        params = [Param(k, masked(str(v))) for k, v in to_params(tree).items()]
         for start in range(0, len(params), 100):  # MLflow's per-batch limit
             self.client.log_batch(self.run_id, params=params[start:start + 100])
 
@@ -200,11 +234,11 @@ class TrackedRun:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled:
             for key, value in tags.items():
-                self.client.set_tag(self.run_id, key, str(value))
+                self.client.set_tag(self.run_id, key, masked(str(value)))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.enabled:
-            self.client.log_text(self.run_id, text, artifact_file)
+            self.client.log_text(self.run_id, masked(text), artifact_file)
 
     def log_json(self, data: Dict[str, Any], artifact_file: str) -> None:
         self.log_text(json.dumps(data, indent=2, default=str), artifact_file)

@@ -16,7 +16,7 @@ fresh file, and experiments are created by name; two processes doing either at o
   created, or any call made on the client `open_client` returns (a `SignalSafe`) is raised once that
   I/O is complete (`tamrun.tracking.signals`); waiting for the lock stays interruptible.
 
-Other stores (http, postgresql, ...) are opened as they are.
+Other stores (http, postgresql, ...) are opened as they are, once their server answers (`check_answers`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Iterator, Optional
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tamrun.errors import ConfigError, os_reason
+from tamrun.tracking.secrets import masked
 from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,12 @@ def with_busy_timeout(uri: str, busy_timeout_s: float) -> str:
 _FIX = "point tracking.uri at a reachable, writable store, or set tracking.enabled=false"
 LOCAL_STORE = "tracking.uri=sqlite:///outputs/mlflow.db"
 # pip's name of the DB-API modules SQLAlchemy imports for MLflow's database stores (others: the module's).
-DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]' (or psycopg2-binary, with a postgresql+psycopg2:// URI)",
-                   "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient"}
+# The team extra (pyproject.toml) installs psycopg 3, the driver of SQLAlchemy's postgresql:// URIs.
+DRIVER_PACKAGES = {"psycopg": "'tamrun[team]' (psycopg 3; or psycopg2-binary, with a postgresql+psycopg2:// URI)",
+                   "psycopg2": "psycopg2-binary (or 'tamrun[team]', with a postgresql:// URI)",
+                   "MySQLdb": "mysqlclient"}
+# Default ports of the database stores checked before MLflow connects (MLflow would retry for minutes).
+DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
 def check_store(uri: str, connect_timeout_s: float) -> None:
@@ -73,15 +78,29 @@ def check_store(uri: str, connect_timeout_s: float) -> None:
             raise ConfigError("tracking.uri", uri, f"cannot create the store's folder ({os_reason(exc)})", _FIX) from None
         return
     check_driver(uri)
+    check_answers(uri, connect_timeout_s)
+
+
+def check_answers(uri: str, connect_timeout_s: float) -> None:
+    """Refuse, naming tracking.uri and tracking.connect_timeout_s, an http(s) server or a database
+    server (postgresql://, mysql://, mssql://) that does not answer a TCP connection in time."""
     parts = urlsplit(uri)
-    if parts.scheme in ("http", "https"):
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            socket.create_connection((parts.hostname, port), timeout=connect_timeout_s).close()
-        except OSError as exc:
-            raise ConfigError("tracking.uri", uri, f"the tracking server does not answer ({exc})",
-                              "start the server, use a local store (tracking.uri=sqlite:///outputs/mlflow.db), "
-                              "or set tracking.enabled=false") from None
+    scheme = parts.scheme.split("+")[0]
+    if scheme in ("http", "https"):
+        port = parts.port or (443 if scheme == "https" else 80)
+    elif scheme in DATABASE_PORTS and parts.hostname:
+        port = parts.port or DATABASE_PORTS[scheme]
+    else:
+        return
+    try:
+        socket.create_connection((parts.hostname, port), timeout=connect_timeout_s).close()
+    except OSError as exc:
+        what = "tracking server" if scheme.startswith("http") else "database server"
+        raise ConfigError("tracking.uri", masked(uri),
+                          f"the {what} {parts.hostname}:{port} does not answer within tracking.connect_timeout_s="
+                          f"{connect_timeout_s:g} s ({exc})",
+                          "check the URI and start the server, use a local store (tracking.uri=sqlite:///outputs/"
+                          "mlflow.db), or set tracking.enabled=false") from None
 
 
 def check_driver(uri: str) -> None:
@@ -97,10 +116,10 @@ def check_driver(uri: str) -> None:
         make_url(uri).get_dialect().import_dbapi()
     except ImportError as exc:
         package = DRIVER_PACKAGES.get(exc.name or "", exc.name)
-        raise ConfigError("tracking.uri", uri, f"the database driver {exc.name!r} is not installed",
+        raise ConfigError("tracking.uri", masked(uri), f"the database driver {exc.name!r} is not installed",
                           f"pip install {package}, or use a local store ({LOCAL_STORE})") from None
     except ArgumentError as exc:
-        raise ConfigError("tracking.uri", uri, f"not a database URL ({exc})",
+        raise ConfigError("tracking.uri", masked(uri), f"not a database URL ({exc})",
                           f"write dialect://user@host/database, or use a local store ({LOCAL_STORE})") from None
 
 
@@ -126,9 +145,9 @@ def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
     after the busy wait names tracking.busy_timeout_s; anything else names tracking.uri."""
     if "database is locked" in reason:
         return ConfigError("tracking.busy_timeout_s", busy_timeout_s,
-                           f"another process held the store {uri} locked for longer ({reason})",
+                           f"another process held the store {masked(uri)} locked for longer ({reason})",
                            "raise tracking.busy_timeout_s, or stop the process that holds the store")
-    return ConfigError("tracking.uri", uri, f"the MLflow store cannot be used ({reason})", _FIX)
+    return ConfigError("tracking.uri", masked(uri), f"the MLflow store cannot be used ({masked(reason)})", _FIX)
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from tamrun.config.plugins import check_plugins
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
 from tamrun.tracking.plots import sweep_objective_figure
+from tamrun.tracking.secrets import masked
 from tamrun.tracking.sweep_names import SweptKeys, job_run_name, job_values, swept_keys, value_tag, value_tags
 from tamrun.tracking.ui_view import runs_table_url, store_runs_view
 
@@ -191,10 +192,12 @@ class SweepCallback(Callback):
             parent.start_detached()
             swept = SweptKeys.from_json(info).labels
             store_runs_view(parent.client, parent.experiment_id, [value_tag(key) for key in swept])
-            log.info("compare the jobs in the MLflow UI: %s", runs_table_url(parent.uri, parent.experiment_id))
+            log.info("compare the jobs in the MLflow UI: %s", masked(runs_table_url(parent.uri, parent.experiment_id)))
             info.update(parent_run_id=parent.run_id, experiment_id=parent.experiment_id, tracking_uri=parent.uri,
                         busy_timeout_s=settings.busy_timeout_s, lock_timeout_s=settings.lock_timeout_s)
-        (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
+        # The file holds the URI masked (a password stays in memory): on_multirun_end resolves it again.
+        (sweep_dir / SWEEP_FILE).write_text(json.dumps({**info, "tracking_uri": masked(info.get("tracking_uri", ""))},
+                                                       indent=2))
         if settings.enabled:
             # A failing job ends Hydra's sweep with its exception, without on_multirun_end.
             self._open = info
@@ -212,6 +215,9 @@ class SweepCallback(Callback):
         self._open = None
         if not info.get("parent_run_id"):
             return
+        from tamrun.tracking.mlflow_run import tracking_uri
+
+        info["tracking_uri"] = tracking_uri(tracking_settings(config))
         table = close_sweep(info)
         failed = table[table["status"] != "FINISHED"]
         if len(failed):
