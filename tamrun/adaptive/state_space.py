@@ -10,12 +10,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
 
 import numpy as np
 import torch
 
-from tamrun.data.batch import GroupedBatch
 from tamrun.effects.design import AdditiveDesign
 from tamrun.solve.assembly import row_spans
 
@@ -79,11 +77,6 @@ def effect_contributions(design: AdditiveDesign, coef: torch.Tensor, x: torch.Te
     return out
 
 
-def effect_names(design: AdditiveDesign) -> List[str]:
-    """The names of the inputs of `effect_contributions`, in order."""
-    return [block.name for block in design.blocks]
-
-
 def input_scale(inputs: torch.Tensor, burn_in: torch.Tensor) -> torch.Tensor:
     """(G, k) each input's standard deviation over a group's burn-in rows (``burn_in`` (G, N) bool);
     where it is constant there (the intercept, an effect that does not vary within the group) its
@@ -96,8 +89,3 @@ def input_scale(inputs: torch.Tensor, burn_in: torch.Tensor) -> torch.Tensor:
     flat = scale <= 1e-12 * mean.abs().clamp_min(1.0)
     level = torch.where(mean.abs() > 0, mean.abs(), torch.ones_like(mean))
     return torch.where(flat, level, scale)
-
-
-def batch_real(batch: GroupedBatch) -> np.ndarray:
-    """(G, N) bool: the batch's real rows."""
-    return batch.row_index >= 0
