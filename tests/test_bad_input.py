@@ -55,6 +55,11 @@ def _missing_group(f: pd.DataFrame) -> pd.DataFrame:
     return f
 
 
+def _no_group(f: pd.DataFrame) -> pd.DataFrame:
+    f["g"] = np.nan
+    return f
+
+
 def _small_group(f: pd.DataFrame) -> pd.DataFrame:
     """Group 2 keeps only 5 rows in training (2020) and all its rows in the test year."""
     train2 = f.index[(f["g"] == 2) & (f["date"] < "2021-01-01")]
@@ -278,6 +283,9 @@ CASES = [
                                        "data.duplicate_dates=warn"], True, csv=True, frame=_duplicated_dates),
     Case("rows without a group", [], ["data.group='g'", "2 row(s) have no group value"], True, csv=True,
          frame=_missing_group),
+    Case("no row has a group, rows dropped", ["data.nan_policy=drop"],
+         ["data.nan_policy='drop'", "has a value in the group column 'g'", "leaves no data", "data.group=null"], True,
+         csv=True, frame=_no_group),
     Case("group with fewer rows than coefficients", ["data.small_groups=error"],
          ["data.group='g'", "group 2 has 5 training row(s) for", "data.small_groups=warn"], True, csv=True,
          frame=_small_group),
@@ -565,6 +573,14 @@ def test_nan_policy_drop_drops_and_says_how_many(tmp_path, monkeypatch, migrated
     assert logged.info.status == "FINISHED"
     assert "dropping 3 row(s) with NaN/inf in ['y'" in text
     assert logged.data.metrics["n_train_rows"] == 366 * 24 - 3  # 2020 is a leap year; rows 10, 20, 30 dropped
+
+
+def test_nan_policy_drop_drops_the_rows_without_a_group(tmp_path, monkeypatch, migrated_store):
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _missing_group, "data.nan_policy=drop",
+                               "tracking.log_plots=false", store=migrated_store)
+    assert logged.info.status == "FINISHED"
+    assert "dropping 2 row(s) without a group in column 'g'" in text
+    assert logged.data.metrics["n_train_rows"] == 366 * 24 - 2  # rows 7 and 8 (in 2020) dropped
 
 
 def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch, migrated_store):

@@ -65,11 +65,10 @@ def drop_missing_groups(frame: pd.DataFrame, group: Optional[str], policy: NanPo
     missing = frame[group].isna()
     if not missing.any():
         return frame
-    if policy == NanPolicy.drop and bad_rows.all():
-        empty = [c for c, finite in zip(used, np.isfinite(values).any(axis=0)) if not finite]
-        raise DataError("data.nan_policy", policy.value, f"every one of the {len(frame)} row(s) holds NaN or inf in "
-                        f"a used column (no finite value at all in {empty}): dropping them leaves no data",
-                        "clean the data, or remove the effects on those columns")
+    if policy == NanPolicy.drop and missing.all():
+        raise DataError("data.nan_policy", policy.value, f"none of the {len(frame)} row(s) has a value in the group "
+                        f"column {group!r}: dropping them leaves no data",
+                        "fill the group column, or set data.group=null to fit the rows as one series")
     if policy == NanPolicy.drop:
         log.warning("dropping %d row(s) without a group in column %r (data.nan_policy=drop)", int(missing.sum()), group)
         return frame[~missing]
