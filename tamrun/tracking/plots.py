@@ -22,13 +22,24 @@ def _label(name: str, unit: str) -> str:
     return f"{name} ({unit})" if unit else name
 
 
+def _fixed_margins(figure, left: float = 1.0, right: float = 0.25, bottom: float = 0.6, top: float = 0.45,
+                   hspace: float = 0.35) -> None:
+    """Place the axes with margins in inches (room for the tick labels, axis labels and titles of these
+    figures) instead of a layout engine: constrained layout's passes over every label cost as much as
+    drawing the figure (0.34 s against 0.20 s for the forecast)."""
+    width, height = figure.get_size_inches()
+    figure.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+                           hspace=hspace)
+
+
 def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 7, title: str = "", unit: str = ""):
     """Actual vs predicted over the split (summed over groups at each timestamp), and a zoom on its
     first ``zoom_days`` days. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
 
     part = table[table["split"] == split].groupby("date")[["actual", "predicted"]].sum().sort_index()
-    figure = Figure(figsize=(12, 6.5), layout="constrained")
+    figure = Figure(figsize=(12, 6.5))
+    _fixed_margins(figure)
     full, zoom = figure.subplots(2, 1)
     for axis, data in ((full, part), (zoom, part[part.index < part.index.min() + pd.Timedelta(days=zoom_days)])):
         axis.plot(data.index, data["actual"], lw=0.6, color="black", label="actual")
@@ -74,7 +85,8 @@ def residuals_by_period_figure(table: pd.DataFrame, period: str, split: str = "t
     keys, ticks, labels, name = _period_keys(pd.to_datetime(part["date"]), period)
     residual = (part["actual"] - part["predicted"]).to_numpy()
     slots = np.unique(keys)
-    figure = Figure(figsize=(12, 4.5), layout="constrained")
+    figure = Figure(figsize=(12, 4.5))
+    _fixed_margins(figure)
     axis = figure.subplots()
     width = 0.6 * float(np.min(np.diff(slots))) if len(slots) > 1 else 0.5
     axis.boxplot([residual[keys == k] for k in slots], positions=slots, widths=width, showfliers=False,
@@ -140,7 +152,8 @@ def cg_residual_figure(history: Sequence[float], tol: float):
     """The CG's worst relative residual ||r||/||b|| over the groups, per iteration, with the tolerance."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(8, 4), layout="constrained")
+    figure = Figure(figsize=(8, 4))
+    _fixed_margins(figure, left=0.9)
     axis = figure.subplots()
     axis.semilogy(np.arange(len(history)), history, ".-", ms=3, label="max over groups of ||r|| / ||b||")
     axis.axhline(tol, color="red", ls=":", label=f"solver.tol = {tol:g}")
@@ -158,7 +171,8 @@ def memory_timeline_figure(snapshots: list, limit: int | None, predicted_peak: i
     oracle's predicted peak and the memory.limit."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(10, 6), layout="constrained")
+    figure = Figure(figsize=(10, 6))
+    _fixed_margins(figure, hspace=0.2)
     held, working = figure.subplots(2, 1, sharex=True)
     for phase in dict.fromkeys(s["phase"] for s in snapshots):
         points = [s for s in snapshots if s["phase"] == phase]
