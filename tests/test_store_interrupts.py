@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from tamrun.errors import ConfigError
 from tamrun.tracking.store import broken_store, open_client

@@ -18,7 +18,6 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
-import torch
 
 from tamrun.adaptive.filtering import (FilterInputs, FilterRun, check_input_room, filter_inputs, input_bytes,
                                       run_filters, slot_rmse)
