@@ -1,13 +1,12 @@
 """A sweeper or launcher plugin that is not installed: one message naming the plugin and the pip
 command (tamrun's extra where it has one), exit code 2, no traceback.
 
-The installed plugins (optuna, submitit, joblib: the ``test`` extra) are hidden from one subprocess
-only (``sys.modules['hydra_plugins.<module>'] = None`` before Hydra scans its plugins), never
-uninstalled; the ray launcher is genuinely missing here (not in the ``test`` extra)."""
+The installed plugins (optuna, submitit, joblib, ray: the ``test`` extra) are hidden from one
+subprocess, or one test's process, only (``sys.modules['hydra_plugins.<module>'] = None`` before Hydra
+scans its plugins), never uninstalled: every case runs whether the plugin is installed or not."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -23,7 +22,7 @@ from tamrun.config.plugins import PLUGINS, check_plugins, missing_plugin, plugin
 from tamrun.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-RAY_INSTALLED = importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None
+RAY_PLUGIN = "hydra_plugins.hydra_ray_launcher"
 
 SWEEP, RAY = "pip install 'tamrun[sweep]'", "pip install 'tamrun[ray]'"
 # (module hidden from the run, the command line, the option named, the plugin, the pip command)
@@ -34,6 +33,10 @@ HIDDEN = [
      "hydra-submitit-launcher", SWEEP),
     ("hydra_submitit_launcher", ["-m", "hydra/launcher=submitit_local"], "hydra/launcher='submitit_local'",
      "hydra-submitit-launcher", SWEEP),
+    # tamrun's own Ray launcher (tamrun/hydra_plugins/tamrun_ray_launcher) is always installed; it needs
+    # hydra-ray-launcher's ray
+    ("hydra_ray_launcher", ["-m", "hydra/launcher=ray_cluster"], "hydra/launcher='ray_cluster'", "hydra-ray-launcher",
+     RAY),
     ("hydra_joblib_launcher", ["-m", "hydra/launcher=parallel"], "hydra/launcher='joblib'", "hydra-joblib-launcher",
      "pip install hydra-joblib-launcher"),
 ]
@@ -62,12 +65,11 @@ def test_a_missing_plugin_is_named_with_its_install_command(tmp_path, hidden, ar
     assert_one_plugin_message(run(argv, tmp_path, hidden), option, plugin, install)
 
 
-@pytest.mark.skipif(RAY_INSTALLED, reason="the ray launcher is installed here")
 @pytest.mark.parametrize("option", ["ray_cluster", "ray"])
 def test_the_ray_launcher_missing_is_named_before_the_sweep_starts(tmp_path, option):
     """ray_cluster composes without the plugin (conf/hydra/launcher/ray_cluster.yaml): the sweep callback
     refuses it before Hydra instantiates it (no parent run, no traceback); ray is the plugin's own option."""
-    done = run(["-m", f"hydra/launcher={option}"], tmp_path)
+    done = run(["-m", f"hydra/launcher={option}"], tmp_path, hidden="hydra_ray_launcher")
     assert_one_plugin_message(done, f"hydra/launcher='{option}'", "hydra-ray-launcher", RAY)
     assert "sweep " not in done.stdout + done.stderr  # the callback stopped before opening the sweep
 
@@ -86,11 +88,11 @@ def test_a_misspelt_option_keeps_the_spelling_hint(tmp_path):
     ("In 'hydra/config': Could not find 'hydra/sweeper/optuna'", True),
     ("In 'hydra/launcher/slurm': Could not load 'hydra/launcher/submitit_slurm'.", True),
 ])
-def test_hydra_s_messages_map_to_the_plugin_when_it_is_missing(message, installed_here):
+def test_hydra_s_messages_map_to_the_plugin_when_it_is_missing(message, installed_here, monkeypatch):
     """Hydra's own errors, as it raises them (the exit's context, or a cause of it): named when the plugin
-    is missing, None when it is installed (then the message is about something else)."""
-    if RAY_INSTALLED and not installed_here:
-        pytest.skip("the ray launcher is installed here")
+    is missing (the ray plugin, hidden from this process for the test), None when it is installed (then
+    the message is about something else)."""
+    monkeypatch.setitem(sys.modules, RAY_PLUGIN, None)
     try:
         try:
             raise MissingConfigException(message, missing_cfg_file="x")

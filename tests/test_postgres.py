@@ -14,16 +14,11 @@ Skipped, saying why, without the PostgreSQL binaries (apt-get install postgresql
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Dict, List
 
@@ -31,6 +26,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import csv_overrides
+from servers import MlflowServer, postgres_database
 from test_determinism import comparable
 
 pytestmark = pytest.mark.slow
@@ -39,82 +35,11 @@ SWEEP = ["model.effects.sx.k=" + ",".join(str(k) for k in range(6, 6 + JOBS)), "
          "tracking.log_model=false", "progress=off"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def as_postgres_user(command: List[str]) -> List[str]:
-    """PostgreSQL refuses to run as root: run as the `postgres` user there."""
-    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
-
-
-def postgres_binaries() -> Path:
-    """The newest Debian PostgreSQL bin folder with initdb and pg_ctl, or a skip saying what is missing."""
-    folders = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name))
-    if not folders or not (Path(folders[-1]) / "initdb").exists():
-        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql)")
-    if os.geteuid() == 0 and shutil.which("runuser") is None:
-        pytest.skip("running as root without runuser: PostgreSQL cannot be started as root")
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver is not installed (pip install 'tamrun[team]')")
-    return Path(folders[-1])
-
-
 @pytest.fixture(scope="module")
 def postgres():
-    """A throw-away PostgreSQL cluster on 127.0.0.1 with a database `mlflow`; its URI (trust auth, no
-    password). Stopped and removed after the module, also on failure."""
-    binaries = postgres_binaries()
-    root = Path(tempfile.mkdtemp(prefix="tamrun-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-    data, port = root / "data", free_port()
-    try:
-        subprocess.run(as_postgres_user([str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
-                                         "-E", "UTF8"]), check=True, capture_output=True, timeout=120)
-        subprocess.run(as_postgres_user([str(binaries / "pg_ctl"), "-D", str(data), "-l", str(root / "pg.log"), "-w",
-                                         "-o", f"-k {root} -p {port} -c listen_addresses=127.0.0.1", "start"]),
-                       check=True, capture_output=True, timeout=120)
-        subprocess.run(as_postgres_user([str(binaries / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U",
-                                         "postgres", "mlflow"]), check=True, capture_output=True, timeout=60)
-        yield f"postgresql://postgres@127.0.0.1:{port}/mlflow"
-    finally:
-        subprocess.run(as_postgres_user([str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
-                       capture_output=True, timeout=120)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-class MlflowServer:
-    """`mlflow server` on 127.0.0.1 over ``backend`` with artifacts served from ``artifacts``."""
-
-    def __init__(self, backend: str, artifacts: Path, log: Path) -> None:
-        self.backend, self.artifacts, self.log = backend, artifacts, log
-        self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.process = None
-
-    def start(self) -> "MlflowServer":
-        with open(self.log, "a") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend, "--serve-artifacts",
-                 "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
-                 "--workers", "2"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.5)
-        raise AssertionError(f"mlflow server did not answer /health in 120 s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            self.process.wait(timeout=60)
-        self.process = None
+    """The module's PostgreSQL database (`servers.postgres_database`): its URI."""
+    with postgres_database() as uri:
+        yield uri
 
 
 @pytest.fixture(scope="module")

@@ -120,3 +120,73 @@ def test_a_local_artifact_location_is_created(tmp_path):
     for location in (str(tmp_path / "a" / "1"), f"file://{tmp_path / 'b' / '1'}"):
         check_artifact_location(location, "tracking.artifact_root")
     assert (tmp_path / "a" / "1").is_dir() and (tmp_path / "b" / "1").is_dir()
+
+
+# --- concurrent writers of the same row -----------------------------------------------------------------
+# The conflicts below are raised on purpose (real MlflowExceptions with the text sqlite gives): two
+# processes racing for the same unique key cannot be made to collide on demand. fresh-clone runs of the
+# suite under load hit both for real (a sweep's jobs logging the same dataset, runs storing the
+# experiment's view at once).
+CONFLICT = "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, datasets.name"
+
+
+def _flaky(failures: int, message: str = CONFLICT):
+    """A write that raises ``message`` ``failures`` times, then returns how many calls it took."""
+    from mlflow.exceptions import MlflowException
+
+    calls = []
+
+    def write():
+        calls.append(1)
+        if len(calls) <= failures:
+            raise MlflowException(message)
+        return len(calls)
+    return write, calls
+
+
+def test_a_unique_key_conflict_is_tried_again():
+    from tamrun.tracking.store import retry_on_conflict
+
+    write, calls = _flaky(2)
+    assert retry_on_conflict(write) == 3 and len(calls) == 3
+
+
+def test_a_conflict_that_persists_or_another_error_is_raised():
+    from mlflow.exceptions import MlflowException
+    from tamrun.tracking.store import CONFLICT_ATTEMPTS, retry_on_conflict
+
+    write, calls = _flaky(10)
+    with pytest.raises(MlflowException, match="UNIQUE constraint failed"):
+        retry_on_conflict(write)
+    assert len(calls) == CONFLICT_ATTEMPTS
+    write, calls = _flaky(1, "no such table: datasets")
+    with pytest.raises(MlflowException, match="no such table"):
+        retry_on_conflict(write)
+    assert len(calls) == 1  # not a conflict: raised at once
+
+
+class _LateWriter:
+    """A real client whose first experiment-tag write loses the race: another run stores the tag first
+    (for real, through the same store), then this write fails on the unique key (raised on purpose)."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self.client = client
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def set_experiment_tag(self, experiment_id, key, value):
+        from mlflow.exceptions import MlflowException
+
+        self.client.set_experiment_tag(experiment_id, key, value)
+        raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: experiment_tags.key")
+
+
+def test_a_run_that_loses_the_race_for_the_runs_view_goes_on(tmp_path, caplog):
+    from tamrun.tracking.ui_view import RUNS_VIEW_TAG, ensure_runs_view
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment(client.create_experiment("race"))
+    ensure_runs_view(_LateWriter(client), experiment)  # raises nothing: the view is there
+    assert RUNS_VIEW_TAG in client.get_experiment(experiment.experiment_id).tags
+    assert "could not store" not in caplog.text

@@ -144,8 +144,9 @@ def compose_hydra(*overrides: str):
 @pytest.mark.parametrize("launcher,target,field,value", [
     ("parallel", "hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "backend", "loky"),
     ("slurm", "hydra_submitit_launcher.submitit_launcher.SlurmLauncher", "timeout_min", 60),
-    ("ray_cluster", "hydra_ray_launcher.ray_launcher.RayLauncher", "ray", {"init": {"address": "auto"},
-                                                                          "remote": {"num_cpus": 4, "num_gpus": 0}}),
+    ("ray_cluster", "tamrun_ray_launcher.ray_cluster_launcher.RayClusterLauncher", "ray",
+     {"init": {"address": "auto", "object_store_memory": None},
+      "remote": {"num_cpus": 4, "num_gpus": 0, "max_retries": 0}}),
 ])
 def test_launcher_configs_compose(launcher, target, field, value):
     cfg = compose_hydra(f"hydra/launcher={launcher}")

@@ -48,6 +48,10 @@ PLUGINS = (
     Plugin("hydra-rq-launcher", "hydra_rq_launcher", ("hydra/launcher/rq",)),
 )
 
+# tamrun's own plugins (tamrun/hydra_plugins/, installed as hydra_plugins.<module>) and the plugin module each
+# needs: hydra/launcher=ray_cluster's launcher runs on ray, which hydra-ray-launcher brings.
+NEEDS = {"tamrun_ray_launcher": "hydra_ray_launcher"}
+
 _MISSING_OPTION = re.compile(r"Could not (?:find|load) '(hydra/(?:sweeper|launcher)/[^']+)'")
 _UNKNOWN_CLASS = re.compile(r"Unknown plugin class : '(hydra_plugins\.(\w+)\.[\w.]+)'")
 
@@ -113,7 +117,8 @@ def check_plugins(hydra: Any) -> None:
     """
     for group in ("sweeper", "launcher"):
         parts = str(hydra[group].get("_target_") or "").split(".")
-        if len(parts) < 3 or parts[0] != "hydra_plugins" or installed(parts[1]):
+        needed = NEEDS.get(parts[1], parts[1]) if len(parts) >= 3 else ""
+        if len(parts) < 3 or parts[0] != "hydra_plugins" or (installed(needed) and installed(parts[1])):
             continue
         choice = hydra.runtime.choices.get(f"hydra/{group}")
-        raise plugin_error(f"hydra/{group}", choice or ".".join(parts), plugin_of_module(parts[1]))
+        raise plugin_error(f"hydra/{group}", choice or ".".join(parts), plugin_of_module(needed))

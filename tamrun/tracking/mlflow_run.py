@@ -27,8 +27,9 @@ from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.secrets import env_uri, masked
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_runs, process_tags
-from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client, sqlite_path,
-                                  store_error)
+from tamrun.tracking.worker import ray_worker_tags
+from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client,
+                                  retry_on_conflict, sqlite_path, store_error)
 from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,8 @@ class TrackedRun:
         experiment = self.client.get_experiment(self.experiment_id)
         check_artifact_location(experiment.artifact_location, "tracking.artifact_root")
         ensure_runs_view(self.client, experiment)
-        tags = {key: masked(str(value)) for key, value in {**self.tags, **process_tags()}.items()}
+        tags = {**self.tags, **process_tags(), **ray_worker_tags()}
+        tags = {key: masked(str(value)) for key, value in tags.items()}
         run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
         self.run_id = run.info.run_id
         try:
@@ -228,8 +230,8 @@ class TrackedRun:
 
     def log_inputs(self, inputs: List[Any]) -> None:
         """MLflow ``DatasetInput``s (`tamrun.tracking.datasets.dataset_inputs`)."""
-        if self.enabled and inputs:
-            self.client.log_inputs(self.run_id, datasets=inputs)
+        if self.enabled and inputs:  # jobs of a sweep log the same dataset at once (`retry_on_conflict`)
+            retry_on_conflict(lambda: self.client.log_inputs(self.run_id, datasets=inputs))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled:

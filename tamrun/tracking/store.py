@@ -28,7 +28,7 @@ import socket
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tamrun.errors import ConfigError, os_reason
@@ -271,3 +271,26 @@ def experiment_id(client, uri: str, name: str, artifact_location: Optional[str],
             if found is None:
                 raise
             return found.experiment_id
+
+
+# A write that two processes race to make first (the same dataset logged by two jobs of a sweep at once):
+# MLflow looks for the row, then inserts it, so the slower writer hits the table's unique key.
+# Its transaction is rolled back whole; tried again, it finds the row and links to it.
+CONFLICT_ATTEMPTS = 3
+CONFLICT_WORDS = ("UNIQUE constraint failed", "duplicate key value", "IntegrityError")
+
+
+def retry_on_conflict(write: Callable[[], Any], attempts: int = CONFLICT_ATTEMPTS) -> Any:
+    """``write()``, tried again (at most ``attempts`` times in all) while it fails on a unique-key conflict
+    with a concurrent writer (`CONFLICT_WORDS` in the error); any other error is raised at once."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return write()
+        except (MlflowException, SQLAlchemyError) as exc:
+            if attempt == attempts or not any(word in str(exc) for word in CONFLICT_WORDS):
+                raise
+            log.info("a concurrent writer took the same row first (%s); trying again", type(exc).__name__)
+            time.sleep(0.05 * attempt)

@@ -52,9 +52,20 @@ def store_runs_view(client: Any, experiment_id: str, extra_tags: Iterable[str] =
 
 
 def ensure_runs_view(client: Any, experiment: Any) -> None:
-    """Store the shared view on ``experiment`` (an MLflow Experiment) unless it has one already."""
-    if RUNS_VIEW_TAG not in (experiment.tags or {}):
+    """Store the shared view on ``experiment`` (an MLflow Experiment) unless it has one already. Runs
+    starting at once on a fresh experiment race to store it (the tag's unique key): the view is a
+    convenience of the UI, so a failure to store it is logged, never the run's end."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if RUNS_VIEW_TAG in (experiment.tags or {}):
+        return
+    try:
         store_runs_view(client, experiment.experiment_id)
+    except (MlflowException, SQLAlchemyError) as exc:
+        if RUNS_VIEW_TAG not in (client.get_experiment(experiment.experiment_id).tags or {}):
+            log.warning("could not store the runs table's view on experiment %s: %s", experiment.experiment_id,
+                        str(exc).splitlines()[0])
 
 
 def ui_base(tracking_uri: str) -> str:

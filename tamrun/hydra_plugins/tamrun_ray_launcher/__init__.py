@@ -1,0 +1,1 @@
+"""tamrun's Ray launcher, a Hydra plugin (Hydra loads launchers only from ``hydra_plugins``)."""

@@ -1,0 +1,31 @@
+"""Where a job ran when a cluster launcher placed it: the Ray node, task and the resources Ray
+reserved for it, as run tags (``ray.node_id``, ``ray.task_id``, ``ray.resources``).
+
+Ray is looked at only when the process already imported it (a Ray worker has): a run outside Ray
+gets no tags and imports nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Dict
+
+log = logging.getLogger(__name__)
+
+
+def ray_worker_tags() -> Dict[str, str]:
+    """The Ray tags of this process's run; {} outside a Ray task (or when Ray cannot tell)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    try:
+        context = ray.get_runtime_context()
+        task_id = context.get_task_id()
+        if task_id is None:  # the driver, not a task
+            return {}
+        return {"ray.node_id": context.get_node_id(), "ray.task_id": task_id,
+                "ray.resources": json.dumps(context.get_assigned_resources(), sort_keys=True)}
+    except Exception as exc:  # tags are housekeeping: never fail the run for them
+        log.warning("could not read the Ray task's context: %s", exc)
+        return {}
