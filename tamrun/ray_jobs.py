@@ -1,6 +1,6 @@
 """A multirun's jobs as Ray tasks (`launch`, for hydra/launcher=ray_cluster's `RayClusterLauncher`).
 
-Each job runs as hydra-ray-launcher runs it (Hydra's ``run_job`` inside a Ray task holding
+Each job runs as hydra-ray-launcher's launcher runs it (Hydra's ``run_job`` inside a Ray task holding
 ``ray.remote``'s resources: its torch threads follow ``num_cpus``, `tamrun.threads`), and the launcher
 waits for all of them. A job whose task is lost (`ray.exceptions.RayError`: its worker process died,
 its node left) does not end the sweep: its run, left RUNNING by the dead process, is marked KILLED

@@ -9,6 +9,7 @@ Ray process of the machine (other users' clusters too), so the cluster is stoppe
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -81,7 +82,7 @@ def ray_cluster(head_cpus: int = 1, worker_cpus: int = 1) -> Iterator[Dict[str, 
                                             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
 
     try:
-        start("--head", "--node-ip-address=127.0.0.1", f"--port={port}", f"--ray-client-server-port={free_port()}",
+        start("--head", "--node-ip-address=127.0.0.1", f"--port={port}", *client_server_port(),
               f"--num-cpus={head_cpus}", "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={temp_dir}",
               log_name="head.log")
         wait_until(lambda: nodes_alive(address, env) >= 1, f"the Ray head on {address} up")
@@ -93,6 +94,13 @@ def ray_cluster(head_cpus: int = 1, worker_cpus: int = 1) -> Iterator[Dict[str, 
     finally:
         stop_tree(list(reversed(started)))
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def client_server_port() -> List[str]:
+    """``--ray-client-server-port=<free>`` where Ray's client server starts (its dependency, grpc, is
+    installed: ray[client]; Ray then takes 10001 by default); none with Ray's core alone (tamrun's
+    ``ray`` extra), where Ray starts no client server and refuses the option."""
+    return [f"--ray-client-server-port={free_port()}"] if importlib.util.find_spec("grpc") else []
 
 
 def nodes_alive(address: str, env: Dict[str, str]) -> int:

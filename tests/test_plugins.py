@@ -1,9 +1,10 @@
 """A sweeper or launcher plugin that is not installed: one message naming the plugin and the pip
 command (tamrun's extra where it has one), exit code 2, no traceback.
 
-The installed plugins (optuna, submitit, joblib, ray: the ``test`` extra) are hidden from one
-subprocess, or one test's process, only (``sys.modules['hydra_plugins.<module>'] = None`` before Hydra
-scans its plugins), never uninstalled: every case runs whether the plugin is installed or not."""
+The installed plugins (optuna, submitit, joblib: the ``test`` extra) and ray (the package tamrun's own
+Ray launcher runs on) are hidden from one subprocess, or one test's process, only
+(``sys.modules['hydra_plugins.<module>'] = None`` before Hydra scans its plugins), never uninstalled:
+every case runs whether the plugin is installed or not."""
 
 from __future__ import annotations
 
@@ -22,25 +23,28 @@ from tamrun.config.plugins import PLUGINS, check_plugins, missing_plugin, plugin
 from tamrun.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-RAY_PLUGIN = "hydra_plugins.hydra_ray_launcher"
+RAY_PLUGIN = "hydra_plugins.hydra_ray_launcher"  # not installed by tamrun's extras: hidden to be sure
 
-SWEEP, RAY = "pip install 'tamrun[sweep]'", "pip install 'tamrun[ray]'"
-# (module hidden from the run, the command line, the option named, the plugin, the pip command)
+SWEEP, RAY, RAY_PLUGIN_INSTALL = "pip install 'tamrun[sweep]'", "pip install 'tamrun[ray]'", "pip install hydra-ray-launcher"
+PLUGIN, PACKAGE = "the Hydra plugin", "the package"
+# (module hidden from the run, the command line, the option named, what is missing, the pip command)
 HIDDEN = [
-    ("hydra_optuna_sweeper", ["+experiment=tune_penalties"], "hydra/sweeper='optuna'", "hydra-optuna-sweeper", SWEEP),
-    ("hydra_optuna_sweeper", ["-m", "hydra/sweeper=optuna"], "hydra/sweeper='optuna'", "hydra-optuna-sweeper", SWEEP),
-    ("hydra_submitit_launcher", ["-m", "hydra/launcher=slurm"], "hydra/launcher='submitit_slurm'",
-     "hydra-submitit-launcher", SWEEP),
-    ("hydra_submitit_launcher", ["-m", "hydra/launcher=submitit_local"], "hydra/launcher='submitit_local'",
-     "hydra-submitit-launcher", SWEEP),
-    # tamrun's own Ray launcher (tamrun/hydra_plugins/tamrun_ray_launcher) is always installed; it needs
-    # hydra-ray-launcher's ray
-    ("hydra_ray_launcher", ["-m", "hydra/launcher=ray_cluster"], "hydra/launcher='ray_cluster'", "hydra-ray-launcher",
-     RAY),
-    ("hydra_joblib_launcher", ["-m", "hydra/launcher=parallel"], "hydra/launcher='joblib'", "hydra-joblib-launcher",
-     "pip install hydra-joblib-launcher"),
+    ("hydra_plugins.hydra_optuna_sweeper", ["+experiment=tune_penalties"], "hydra/sweeper='optuna'",
+     f"{PLUGIN} hydra-optuna-sweeper", SWEEP),
+    ("hydra_plugins.hydra_optuna_sweeper", ["-m", "hydra/sweeper=optuna"], "hydra/sweeper='optuna'",
+     f"{PLUGIN} hydra-optuna-sweeper", SWEEP),
+    ("hydra_plugins.hydra_submitit_launcher", ["-m", "hydra/launcher=slurm"], "hydra/launcher='submitit_slurm'",
+     f"{PLUGIN} hydra-submitit-launcher", SWEEP),
+    ("hydra_plugins.hydra_submitit_launcher", ["-m", "hydra/launcher=submitit_local"],
+     "hydra/launcher='submitit_local'", f"{PLUGIN} hydra-submitit-launcher", SWEEP),
+    # (ray missing for tamrun's own hydra/launcher=ray_cluster: test_ray_missing_is_named_before_the_sweep_starts)
+    # hydra-ray-launcher's own option: the plugin, which none of tamrun's extras installs
+    (RAY_PLUGIN, ["-m", "hydra/launcher=ray"], "hydra/launcher='ray'", f"{PLUGIN} hydra-ray-launcher",
+     RAY_PLUGIN_INSTALL),
+    ("hydra_plugins.hydra_joblib_launcher", ["-m", "hydra/launcher=parallel"], "hydra/launcher='joblib'",
+     f"{PLUGIN} hydra-joblib-launcher", "pip install hydra-joblib-launcher"),
 ]
-HIDE = ("import sys; sys.modules['hydra_plugins.' + sys.argv.pop(1)] = None\n"
+HIDE = ("import sys; sys.modules[sys.argv.pop(1)] = None\n"
         "from tamrun.__main__ import main; main(sys.argv[1:])")
 
 
@@ -51,26 +55,25 @@ def run(argv: list, cwd: Path, hidden: str = "") -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=300)
 
 
-def assert_one_plugin_message(done: subprocess.CompletedProcess, option: str, plugin: str, install: str) -> None:
+def assert_one_plugin_message(done: subprocess.CompletedProcess, option: str, missing: str, install: str) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     lines = [line for line in output.splitlines() if line.startswith("tamrun: ")]
-    assert lines == [f"tamrun: config error: {option}: needs the Hydra plugin {plugin}, which is not installed. "
+    assert lines == [f"tamrun: config error: {option}: needs {missing}, which is not installed. "
                      f"Fix: {install}, or pick another option (python -m tamrun --hydra-help lists them)"], output
     assert "Traceback" not in output and "spelling" not in output
 
 
-@pytest.mark.parametrize("hidden,argv,option,plugin,install", HIDDEN, ids=[" ".join(h[1]) for h in HIDDEN])
-def test_a_missing_plugin_is_named_with_its_install_command(tmp_path, hidden, argv, option, plugin, install):
-    assert_one_plugin_message(run(argv, tmp_path, hidden), option, plugin, install)
+@pytest.mark.parametrize("hidden,argv,option,missing,install", HIDDEN, ids=[" ".join(h[1]) for h in HIDDEN])
+def test_a_missing_plugin_is_named_with_its_install_command(tmp_path, hidden, argv, option, missing, install):
+    assert_one_plugin_message(run(argv, tmp_path, hidden), option, missing, install)
 
 
-@pytest.mark.parametrize("option", ["ray_cluster", "ray"])
-def test_the_ray_launcher_missing_is_named_before_the_sweep_starts(tmp_path, option):
-    """ray_cluster composes without the plugin (conf/hydra/launcher/ray_cluster.yaml): the sweep callback
-    refuses it before Hydra instantiates it (no parent run, no traceback); ray is the plugin's own option."""
-    done = run(["-m", f"hydra/launcher={option}"], tmp_path, hidden="hydra_ray_launcher")
-    assert_one_plugin_message(done, f"hydra/launcher='{option}'", "hydra-ray-launcher", RAY)
+def test_ray_missing_is_named_before_the_sweep_starts(tmp_path):
+    """ray_cluster composes without ray (conf/hydra/launcher/ray_cluster.yaml names tamrun's own
+    launcher): the sweep callback refuses it before Hydra instantiates it (no parent run, no traceback)."""
+    done = run(["-m", "hydra/launcher=ray_cluster"], tmp_path, hidden="ray")
+    assert_one_plugin_message(done, "hydra/launcher='ray_cluster'", f"{PACKAGE} ray", RAY)
     assert "sweep " not in done.stdout + done.stderr  # the callback stopped before opening the sweep
 
 
@@ -103,7 +106,7 @@ def test_hydra_s_messages_map_to_the_plugin_when_it_is_missing(message, installe
     if installed_here:
         assert found is None
     else:
-        assert found is not None and "hydra-ray-launcher" in str(found) and RAY in str(found)
+        assert found is not None and "hydra-ray-launcher" in str(found) and RAY_PLUGIN_INSTALL in str(found)
         assert found.field == "hydra/launcher"
 
 
@@ -116,7 +119,7 @@ def test_other_errors_map_to_nothing():
 def test_every_option_of_the_table_names_its_plugin():
     assert plugin_of_option("hydra/sweeper/sampler/tpe").distribution == "hydra-optuna-sweeper"
     assert plugin_of_option("hydra/launcher/submitit_local").extra == "sweep"
-    assert plugin_of_option("hydra/launcher/ray_aws").extra == "ray"
+    assert plugin_of_option("hydra/launcher/ray_aws").extra is None  # not tamrun's: ray_cluster is
     assert plugin_of_option("hydra/launcher/slrum") is None
     assert plugin_of_option("hydra/launcher/rayon") is None
 

@@ -5,9 +5,10 @@ A missing plugin reaches the user through one of Hydra's errors: ``Could not fin
 'hydra/sweeper/optuna'`` (an option chosen on the command line or by an experiment, e.g.
 ``+experiment=tune_penalties``), ``Could not load 'hydra/launcher/submitit_slurm'`` (an option of
 conf/hydra/launcher/ that extends the plugin's), or, as a multirun starts, ``Unknown plugin class :
-'hydra_plugins.hydra_ray_launcher...'`` (conf/hydra/launcher/ray_cluster.yaml composes without its
-plugin). `missing_plugin` turns any of them into one `ConfigError` naming the plugin and the command
-that installs it; `check_plugins` finds the last kind before Hydra instantiates the plugin.
+'hydra_plugins.hydra_nevergrad_sweeper...'``, or, for tamrun's own launcher
+(tamrun/hydra_plugins/tamrun_ray_launcher), the package it runs on (ray) missing as jobs start.
+`missing_plugin` turns the first two into one `ConfigError` naming the plugin and the command that
+installs it; `check_plugins` finds the others before Hydra instantiates the plugin.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from tamrun.errors import ConfigError
 class Plugin:
     """One of Hydra's plugins: its distribution (pip's name), its module under ``hydra_plugins``, the
     config options it provides (``hydra/<group>/<option>``, or a group of them) and tamrun's extra
-    that installs it (pyproject.toml; None: not one of tamrun's extras)."""
+    that installs it (pyproject.toml; None: not one of tamrun's extras). ``kind`` names what it is in
+    the message (a package that one of tamrun's own plugins imports is not a Hydra plugin)."""
 
     distribution: str
     module: str
     options: Tuple[str, ...] = ()
     extra: Optional[str] = None
+    kind: str = "the Hydra plugin"
 
     @property
     def install(self) -> str:
@@ -40,7 +43,8 @@ PLUGINS = (
     Plugin("hydra-optuna-sweeper", "hydra_optuna_sweeper", ("hydra/sweeper/optuna", "hydra/sweeper/sampler"), "sweep"),
     Plugin("hydra-submitit-launcher", "hydra_submitit_launcher",
            ("hydra/launcher/submitit_slurm", "hydra/launcher/submitit_local"), "sweep"),
-    Plugin("hydra-ray-launcher", "hydra_ray_launcher", ("hydra/launcher/ray", "hydra/launcher/ray_aws"), "ray"),
+    # Not tamrun's: hydra/launcher=ray_cluster is tamrun's own launcher on ray (NEEDS, below).
+    Plugin("hydra-ray-launcher", "hydra_ray_launcher", ("hydra/launcher/ray", "hydra/launcher/ray_aws")),
     # A dependency of tamrun's own (hydra/launcher=parallel): missing only from a broken install.
     Plugin("hydra-joblib-launcher", "hydra_joblib_launcher", ("hydra/launcher/joblib",)),
     Plugin("hydra-nevergrad-sweeper", "hydra_nevergrad_sweeper", ("hydra/sweeper/nevergrad",)),
@@ -48,9 +52,9 @@ PLUGINS = (
     Plugin("hydra-rq-launcher", "hydra_rq_launcher", ("hydra/launcher/rq",)),
 )
 
-# tamrun's own plugins (tamrun/hydra_plugins/, installed as hydra_plugins.<module>) and the plugin module each
-# needs: hydra/launcher=ray_cluster's launcher runs on ray, which hydra-ray-launcher brings.
-NEEDS = {"tamrun_ray_launcher": "hydra_ray_launcher"}
+# tamrun's own plugins (tamrun/hydra_plugins/, installed as hydra_plugins.<module>) and the package each
+# imports (its top-level module): hydra/launcher=ray_cluster's launcher runs jobs on ray.
+NEEDS = {"tamrun_ray_launcher": Plugin("ray", "ray", extra="ray", kind="the package")}
 
 _MISSING_OPTION = re.compile(r"Could not (?:find|load) '(hydra/(?:sweeper|launcher)/[^']+)'")
 _UNKNOWN_CLASS = re.compile(r"Unknown plugin class : '(hydra_plugins\.(\w+)\.[\w.]+)'")
@@ -70,13 +74,26 @@ def plugin_of_module(module: str) -> Plugin:
     return known[0] if known else Plugin(module.replace("_", "-"), module)
 
 
+def importable(name: str) -> bool:
+    """Whether the module ``name`` can be imported (without importing it)."""
+    return importlib.util.find_spec(name) is not None
+
+
 def installed(module: str) -> bool:
     """Whether ``hydra_plugins.<module>`` can be imported."""
-    return importlib.util.find_spec(f"hydra_plugins.{module}") is not None
+    return importable(f"hydra_plugins.{module}")
+
+
+def missing_requirement(module: str) -> Optional[Plugin]:
+    """What ``hydra_plugins.<module>`` lacks to run: the plugin itself when it is not installed, or, for
+    one of tamrun's own, the package it imports (`NEEDS`); None when nothing is missing."""
+    if module in NEEDS:
+        return None if importable(NEEDS[module].module) else NEEDS[module]
+    return None if installed(module) else plugin_of_module(module)
 
 
 def plugin_error(field: str, value: Any, plugin: Plugin) -> ConfigError:
-    return ConfigError(field, value, f"needs the Hydra plugin {plugin.distribution}, which is not installed",
+    return ConfigError(field, value, f"needs {plugin.kind} {plugin.distribution}, which is not installed",
                        f"{plugin.install}, or pick another option (python -m tamrun --hydra-help lists them)")
 
 
@@ -117,8 +134,7 @@ def check_plugins(hydra: Any) -> None:
     """
     for group in ("sweeper", "launcher"):
         parts = str(hydra[group].get("_target_") or "").split(".")
-        needed = NEEDS.get(parts[1], parts[1]) if len(parts) >= 3 else ""
-        if len(parts) < 3 or parts[0] != "hydra_plugins" or (installed(needed) and installed(parts[1])):
-            continue
-        choice = hydra.runtime.choices.get(f"hydra/{group}")
-        raise plugin_error(f"hydra/{group}", choice or ".".join(parts), plugin_of_module(needed))
+        missing = missing_requirement(parts[1]) if len(parts) >= 3 and parts[0] == "hydra_plugins" else None
+        if missing is not None:
+            choice = hydra.runtime.choices.get(f"hydra/{group}")
+            raise plugin_error(f"hydra/{group}", choice or ".".join(parts), missing)
