@@ -27,10 +27,10 @@ from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.secrets import env_uri, masked
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_runs, process_tags
-from tamrun.tracking.worker import ray_worker_tags
 from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client,
                                   retry_on_conflict, sqlite_path, store_error)
 from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
+from tamrun.tracking.worker import ray_worker_tags
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,10 @@
 cluster (conf/hydra/launcher/ray_cluster.yaml).
 
 It takes the config shape of hydra-ray-launcher's RayLauncher (``ray.init``, ``ray.remote``) and runs
-jobs the same way, on Ray's core alone (the plugin itself is not needed), but waits for every job and does not end the sweep when one is lost: a job whose Ray
-worker died (SIGKILL, a kernel OOM kill, a lost node) has its run marked KILLED in the tracking store
-and counts as a failed job in the parent's summary, while the other jobs finish (`tamrun.ray_jobs`).
+jobs the same way, on Ray's core alone (the plugin itself is not needed), but waits for every job and
+does not end the sweep when one is lost: a job whose Ray worker died (SIGKILL, a kernel OOM kill, a
+lost node) has its run marked KILLED in the tracking store and counts as a failed job in the parent's
+summary, while the other jobs finish (`tamrun.ray_jobs`).
 Importing this module imports neither Ray nor tamrun: Hydra imports every plugin module at start.
 """
 
