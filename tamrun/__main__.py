@@ -7,21 +7,23 @@ SIGTERM (the MLflow run is marked KILLED); 1 an internal error (with its traceba
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import traceback
 from typing import List, Optional
+
+from tamrun.collector import ImportPause
 
 REFUSED_HINT = ("tamrun: config error: Hydra refused the command line (message above). Fix: check the field's "
                 "spelling and type in docs/configuration.md (`python -m tamrun --cfg job` prints every field), "
                 "or pick an option listed by `python -m tamrun --help`\n")
 
 
-def run_job(cfg, failed: List[int]) -> Optional[float]:
+def run_job(cfg, failed: List[int], imports: Optional[ImportPause] = None) -> Optional[float]:
     """One job of ``python -m tamrun`` (one run, or one job of a multirun): its objective for the
     sweeper. Bad input exits 2 with one message; in a multirun the job fails alone (appended to
-    ``failed``, NaN to the sweeper) and the sweep goes on."""
+    ``failed``, NaN to the sweeper) and the sweep goes on. ``imports``: the entry point's pause of the
+    garbage collector, settled once the run has loaded its libraries."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -35,7 +37,8 @@ def run_job(cfg, failed: List[int]) -> Optional[float]:
     tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
     name = sweep_run_name(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides, cfg) if multirun else None
     try:
-        result = run(cfg, overrides=overrides, tags=tags, run_name=name)
+        result = run(cfg, overrides=overrides, tags=tags, run_name=name,
+                     libraries_loaded=imports.settle if imports is not None else None)
         if cfg.mode.name == "plan":
             sys.stdout.write(result.plan.describe() + "\n")
             return None
@@ -58,6 +61,7 @@ def run_job(cfg, failed: List[int]) -> Optional[float]:
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Run with ``argv`` (default: the command line's arguments)."""
+    imports = ImportPause()  # until the job's libraries are loaded (tamrun/collector.py)
     # pyarrow's default pool (mimalloc), which pandas reads through, reserves 1 GiB of address space at
     # its first use (an import below may be it): under ulimit -v it would take the run's room (docs/memory.md)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
@@ -80,7 +84,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def app(cfg: DictConfig) -> Optional[float]:
         started.append(True)
-        return run_job(cfg, failed)
+        return run_job(cfg, failed, imports)
 
     try:
         app()
@@ -102,7 +106,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     finally:
         # Everything alive now lives until the process ends: without this, the interpreter's last
         # collections walk torch's, pandas' and mlflow's millions of objects (1.2 s of a 10 s run).
-        gc.freeze()
+        imports.end()
 
 
 if __name__ == "__main__":

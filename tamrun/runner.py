@@ -39,11 +39,12 @@ TRACKED_JOBS: Dict[ModeName, Callable[[Prepared, TrackedRun], RunResult]] = {
 
 
 def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None,
-        run_name: Optional[str] = None) -> RunResult:
+        run_name: Optional[str] = None, libraries_loaded: Optional[Callable[[], None]] = None) -> RunResult:
     """Fit, evaluate and record one experiment described by a composed config (``mode=plan``: only
     plan the memory, without fitting and without an MLflow run). ``tags`` are added to the run's
     (a sweep job's sweep id and parent run); ``run_name`` names it (default ``<model>-<data>``; a
-    sweep job's: its swept values; ``tracking.run_name`` wins over both).
+    sweep job's: its swept values; ``tracking.run_name`` wins over both). ``libraries_loaded`` is called
+    once the run has imported every library it uses, before its data is read (`tamrun.collector`).
 
     Raises:
         tamrun.errors.TamrunError: bad config, data, device or memory limit (the MLflow run, if
@@ -54,7 +55,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     if config.mode.name == ModeName.plan:
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         with unplanned_oom_refused(config.memory.safety_margin_bytes):
-            return plan_job(prepare(config, specs, devices, fitting=False))
+            return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded))
     with TrackedRun(config.tracking, run_name=run_name or f"{config.model.name}-{config.data.name}",
                     tags=run_tags(config, tags)) as tracked:
         try:
@@ -62,7 +63,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
             tracked.set_tags({"device": devices.name, "device_kind": devices.kind, **thread_tags(devices)})
             with unplanned_oom_refused(config.memory.safety_margin_bytes):
-                prepared = prepare(config, specs, devices)
+                prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
                 record_inputs(tracked, prepared)
                 result = TRACKED_JOBS[config.mode.name](prepared, tracked)
         except TamrunError as error:

@@ -12,6 +12,8 @@ from tamrun.bench.formula import peer_formula
 from tamrun.bench.report import markdown, ratios, summarise
 from tamrun.config.load import typed_config
 
+from conftest import csv_overrides
+
 RECORDED = json.loads((Path(__file__).parent / "data" / "bench_records.json").read_text())
 
 
@@ -108,3 +110,15 @@ def test_a_baseline_child_imports_the_baseline_checkout_not_the_folder_it_was_st
     record = run_child([sys.executable, "-m", "tamrun.bench.child"], 60, {**os.environ, "PYTHONPATH": checkout},
                        checkout)
     assert record["status"] == "ok" and Path(record["file"]).resolve().is_relative_to(Path(checkout).resolve())
+
+
+def test_the_sweep_benchmark_times_both_launchers_and_reports_their_ratio(csv_path, capsys):
+    """`python -m tamrun.bench.sweeps` on a 2-job sweep of the synthetic data, one round (its figures are
+    measured on a quiet machine, never asserted: only that both sides ran and the table adds up)."""
+    from tamrun.bench.sweeps import main as sweeps_main
+
+    assert sweeps_main(["-r", "1", *csv_overrides(csv_path), "model.effects.sx.ap=-5,-6"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [cells[0].strip() for cells in rows] == ["round", "1", "median"]
+    parallel, serial, ratio = (float(cell) for cell in rows[1][1:])
+    assert parallel > 0 and serial > 0 and ratio == pytest.approx(parallel / serial, abs=0.03)  # the table rounds

@@ -21,19 +21,25 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 
-def timed_run(name: str, pythonpath: Optional[str], workdir: Path, overrides: List[str]) -> float:
-    """Seconds of one ``python -m tamrun`` of side ``name`` (RuntimeError when it fails)."""
+def tamrun_seconds(label: str, arguments: List[str], workdir: Path, pythonpath: Optional[str] = None) -> float:
+    """Seconds from the start to the exit of ``python -m tamrun <arguments>`` in ``workdir`` (``pythonpath``
+    first on PYTHONPATH); RuntimeError naming ``label`` when it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    command = [sys.executable, "-m", "tamrun", f"tracking.uri=sqlite:///{workdir / name}.db", "progress=off",
-               f"hydra.run.dir={workdir / name}-run", *overrides]
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "tamrun", *arguments], cwd=workdir, env=env, capture_output=True,
+                          text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"{name} exited {done.returncode}: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{label} exited {done.returncode}: {done.stderr[-2000:]}")
     return seconds
+
+
+def timed_run(name: str, pythonpath: Optional[str], workdir: Path, overrides: List[str]) -> float:
+    """Seconds of one ``python -m tamrun`` of side ``name`` (RuntimeError when it fails)."""
+    return tamrun_seconds(name, [f"tracking.uri=sqlite:///{workdir / name}.db", "progress=off",
+                                 f"hydra.run.dir={workdir / name}-run", *overrides], workdir, pythonpath)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

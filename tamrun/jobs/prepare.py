@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
@@ -70,14 +70,17 @@ def import_recording_libraries(config: Config) -> None:
         importlib.import_module("tamrun.tracking.pyfunc_model")
 
 
-def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitting: bool = True) -> Prepared:
+def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitting: bool = True,
+            libraries_loaded: Optional[Callable[[], None]] = None) -> Prepared:
     """The data and features phases and the plan. ``fitting``: a fit and its recording follow (False for
     ``mode=plan``): the tensor meter is warmed up first, so that its one-time cost is not charged to the
     first metered phase, and recording's libraries are imported (`import_recording_libraries`), both
-    before the planning baseline is taken."""
+    before the planning baseline is taken; then ``libraries_loaded`` is called."""
     if fitting:
         import_recording_libraries(config)
     metered = config.memory.meter and (TensorMeter.warm_up() if fitting else True)
+    if libraries_loaded is not None:
+        libraries_loaded()
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
     room = HostRoomWatch(config.memory.safety_margin_bytes)
