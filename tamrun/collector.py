@@ -5,8 +5,8 @@ long as the process. Each full collection on the way walks all of them: a defaul
 imports, 0.8 s of its 10 s on a 2-core EPYC, and one more (0.3 s) while it drew the plots. `ImportPause`
 stops the collector from the entry point until the job's libraries are loaded, then moves everything alive
 into the permanent generation (`gc.freeze`) and restarts it: later collections walk only what the run
-itself creates. The cost is that garbage made during the imports is never reclaimed (a few MB at most:
-``memory.max_usage_in_bytes`` of a default run moved by less than its run-to-run spread).
+itself creates. The cost is that garbage made during the imports is never reclaimed: a default run's
+maximum RSS went from 593 to 601 MB (means of 10 runs each).
 """
 
 from __future__ import annotations
