@@ -37,6 +37,14 @@ class ImportPause:
             gc.enable()
 
 
+def resume_paused_collection() -> None:
+    """In a process that launches a sweep whose jobs run elsewhere (a joblib, submitit or Ray launcher), no
+    job will settle the entry point's pause: end it once the launcher's own libraries are loaded, so that
+    a long sweep's results are collected. Does nothing where the collector runs."""
+    if not gc.isenabled():
+        freeze_loaded_objects()
+
+
 def freeze_loaded_objects(enable: bool = True) -> None:
     """Move every object alive into the permanent generation and (``enable``) turn the collector on: a
     forked child then shares those pages instead of copying them when its collections touch them."""

@@ -27,6 +27,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from tamrun.collector import resume_paused_collection
 from tamrun.config.plugins import check_plugins
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
@@ -204,10 +205,13 @@ class SweepCallback(Callback):
             atexit.register(self._close_abandoned)
         log.info("sweep %s: jobs are recorded under parent run %s (folder %s)", sweep_id,
                  info.get("parent_run_id"), sweep_dir)
-        if config.hw.get("fork_workers", True) and str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        if config.hw.get("fork_workers", True) and launcher.endswith("JoblibLauncher"):
             from tamrun.forked_workers import prepare_forked_workers
 
             prepare_forked_workers()
+        elif not launcher.endswith("BasicLauncher"):  # the jobs run in other processes (tamrun/collector.py)
+            resume_paused_collection()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Close the parent run; a sweep with a job that did not finish exits with code 2."""
