@@ -33,8 +33,7 @@ class ImportPause:
         last collections do not walk it); the caller's setting restored."""
         gc.freeze()
         self._paused = False
-        if self._restore:
-            gc.enable()
+        (gc.enable if self._restore else gc.disable)()
 
 
 def resume_paused_collection() -> None:

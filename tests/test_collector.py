@@ -54,6 +54,14 @@ def test_the_pause_ends_with_the_callers_setting(restored_collector, enabled):
     assert gc.isenabled() == enabled
 
 
+def test_a_caller_without_the_collector_gets_it_off_again(restored_collector):
+    gc.disable()
+    pause = ImportPause()
+    resume_paused_collection()  # a sweep's launching process turned it on
+    pause.end()
+    assert not gc.isenabled()
+
+
 def test_the_pause_ends_even_when_nothing_settled_it(restored_collector):
     gc.enable()
     pause = ImportPause()
