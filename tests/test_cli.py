@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,21 @@ def test_an_impossible_limit_stops_before_fitting_with_the_minimal_limit(tmp_pat
     (logged,) = MlflowClient(tracking_uri=store).search_runs(["1"])
     assert logged.info.status == "FAILED"
     assert "solve_seconds" not in logged.data.metrics  # nothing was fitted
+
+
+def test_a_limit_that_leaves_cg_a_few_rows_refuses_and_the_limit_it_names_plans_min_chunk_rows(tmp_path):
+    """forest on the national table under a memory.limit where CG could hold one group of a few hundred
+    rows only: such a plan would rebuild the design thousands of times per product (a capped run went on
+    for more than 10 minutes). It exits 2 naming memory.min_chunk_rows and the limit that holds 1,024
+    rows; at that limit the plan keeps 1,024 rows per chunk. (mode=plan: nothing is fitted.)"""
+    done = tamrun("mode=plan", "model=forest", "memory.limit=4MiB", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "(one group, 1024 rows, " in done.stderr and "memory.min_chunk_rows" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    named = float(re.search(r"raise memory.limit to at least ([0-9.]+) MiB", done.stderr).group(1))
+    planned = tamrun("mode=plan", "model=forest", f"memory.limit={named + 0.01:.2f}MiB", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "route: cg" in planned.stdout and "fit chunks: 1 groups x 1024 rows" in planned.stdout
 
 
 def test_plan_mode_prints_the_plan_without_fitting_or_recording(tmp_path):

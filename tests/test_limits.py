@@ -268,9 +268,10 @@ def test_a_cgroup_limit_just_above_the_baseline_refuses_or_finishes(tmp_path):
 
     Not 16 MiB above (as until 2026-11-24): the memory in use at planning moves by up to 6 MiB from one
     run to the next, so a limit 16 MiB above (the safety margin) leaves the capped run anything from no
-    room to a few MiB. In that band it may plan CG chunks of one group and a few rows, the design rebuilt
-    at every product: such a run went on past the test's 10-minute timeout in a fresh clone (uncapped, the
-    fit takes seconds). That is a known limit of the planner (docs/memory.md), not what this test is for."""
+    room to a few MiB, where CG once planned chunks of one group and a few rows and went on past the
+    test's 10-minute timeout. CG now refuses chunks of fewer than memory.min_chunk_rows rows
+    (tests/test_memory.py, tests/test_cli.py); the rest of that band is a fit of 1,024-row chunks taking
+    minutes, which this test of the data phase does not need."""
     args = ("model=forest", "tracking=none")
     code, output, _ = tamrun_under(8 * 2**30, *args, cwd=tmp_path)
     assert code == 0, output[-3000:]

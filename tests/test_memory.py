@@ -7,8 +7,8 @@ import torch
 
 from tamrun.config.schema import MemoryConfig, OomConfig
 from tamrun.errors import ConfigError, MemoryBudgetError
-from tamrun.memory.footprint import RowBytes
-from tamrun.memory.footprint import ProblemSize, dense_system_bytes, direct_row_bytes, kernel_build_bytes
+from tamrun.memory.footprint import (ProblemSize, RowBytes, StepCost, cg_row_bytes, cg_system_bytes, dense_system_bytes,
+                                     direct_row_bytes, kernel_build_bytes)
 from tamrun.memory.guard import OomLog, oom_settings, retry_on_oom
 from tamrun.memory.oracle import MemoryOracle, pick_chunk
 from tamrun.memory.units import parse_size
@@ -170,6 +170,27 @@ def test_minimal_limit_is_the_boundary_of_what_can_be_planned():
     assert fits.fit.groups >= 1 and fits.predicted_peak <= fits.budget
     with pytest.raises(MemoryBudgetError, match=r"raise memory.limit to at least"):
         MemoryOracle(MemoryConfig(), limit=int(minimal * 0.95), on_gpu=False).plan(small_problem(), free=10**12)
+
+
+@pytest.mark.parametrize("min_rows", [1024, 100])
+def test_cg_refuses_a_chunk_of_fewer_than_min_chunk_rows_and_its_minimal_limit_holds_them(min_rows):
+    """Each CG product goes over every chunk: at one group of a few rows a capped run was still fitting
+    after 10 minutes. CG's smallest chunk is memory.min_chunk_rows rows (or all of a group's rows);
+    at the minimal limit it plans at least that many, 5 % below it refuses and names the setting."""
+    cfg = MemoryConfig(min_chunk_rows=min_rows)
+    # forest-like rows (leaf indices built per row) in a few long groups: CG's chunk binds, not the predictions
+    size = ProblemSize(n_groups=4, n_rows=5000, width=3000, itemsize=8, n_predict_rows=1000,
+                       row=RowBytes(build=8 * 400, store=8 * 100, gram=0, apply=16))
+    minimal = MemoryOracle(cfg, limit=None, on_gpu=False).minimal_limit(size, route="cg")
+    one_row = int(StepCost(cg_system_bytes(size), cg_row_bytes(size, False)).bytes(1, 1, cfg.overhead_factor)
+                  / cfg.chunk_fraction_cpu)
+    assert minimal > 2 * one_row  # what one row needed: the plan that went on for 10 minutes fitted there
+    plan = MemoryOracle(cfg, limit=minimal, on_gpu=False).plan(size, free=10**12, requested="cg")
+    assert plan.route == "cg" and plan.fit.rows >= min_rows and plan.fit.bytes <= plan.budget
+    for limit in (int(0.95 * minimal), 2 * one_row):
+        with pytest.raises(MemoryBudgetError, match=rf"one group, {min_rows} rows, .*memory.min_chunk_rows.* "
+                                                    r"raise memory.limit to at least"):
+            MemoryOracle(cfg, limit=limit, on_gpu=False).plan(size, free=10**12, requested="cg")
 
 
 @pytest.mark.parametrize("limit", [None, 50 * 2**20, 5 * 2**20])

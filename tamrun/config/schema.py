@@ -289,7 +289,8 @@ class MemoryConfig:
     # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
     max_chunk_rows: Optional[int] = 1024
     # A chunk keeps all groups while this many rows (or all rows, if fewer) of every group fit;
-    # below that it holds fewer groups (the chunk selector, tamrun/memory/footprint.py).
+    # below that it holds fewer groups (the chunk selector, tamrun/memory/footprint.py). A CG chunk
+    # never holds fewer rows (each product goes over every chunk): below it the plan refuses.
     min_chunk_rows: int = 1024
     # Count the exact tensor bytes of the solve and predict phases (their working peak).
     meter: bool = True

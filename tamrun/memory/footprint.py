@@ -126,6 +126,8 @@ def select_chunk(n_groups: int, n_rows: int, cost: StepCost, budget: int, overhe
         if not regrow_rows:
             return groups, floor_rows
     rows = int(((budget / overhead) / groups - cost.fixed) // cost.per_row)
+    if cost.bytes(groups, floor_rows, overhead) <= budget:  # the division may round a fitting floor down
+        rows = max(rows, floor_rows)
     return groups, max(1, min(rows, n_rows))
 
 

@@ -112,24 +112,31 @@ class Plan:
 
 def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: int, budget: int,
                overhead: float, min_rows: int, max_rows: Optional[int] = None, what: str = "fit",
-               minimal_limit: Optional[int] = None, bound: Optional[Limit] = None) -> ChunkPlan:
+               minimal_limit: Optional[int] = None, bound: Optional[Limit] = None,
+               least_rows: int = 1) -> ChunkPlan:
     """Largest (groups, rows) with overhead * groups * (fixed + rows * row) <= budget (`select_chunk`,
     all groups kept while ``min(n_rows, max_rows, min_rows)`` rows fit for all of them).
 
+    ``least_rows``: the fewest rows a chunk may hold (1; CG's `MemoryOracle.cg_least_rows`, where every
+    product goes over every chunk). It must not exceed ``min(n_rows, max_rows, min_rows)``.
+
     Raises:
-        MemoryBudgetError: not even one group with one row fits; the message names ``bound``, the
-            limit the budget was read under, and the size it needs (``minimal_limit`` of working memory).
+        MemoryBudgetError: not even one group of ``least_rows`` rows fits; the message names ``bound``,
+            the limit the budget was read under, and the size it needs (``minimal_limit`` of working memory).
     """
     rows_cap = n_rows if max_rows is None else max(1, min(n_rows, max_rows))
     cost = StepCost(per_group_fixed, per_group_row)
+    smallest = cost.bytes(1, least_rows, overhead)
     chunk = select_chunk(n_groups, rows_cap, cost, budget, overhead, floor_rows=min(rows_cap, min_rows))
-    if chunk is None:
+    if chunk is None or smallest > budget:
         bound = bound or Limit("device memory", int(budget), 0)
         fix = bound.fix(minimal_limit) if minimal_limit else f"free more than {format_size(budget)} of memory"
+        rows = "one row" if least_rows == 1 else (f"{least_rows} rows, the fewest CG takes as it goes over every "
+                                                  "chunk at each product: memory.min_chunk_rows")
         raise MemoryBudgetError(bound.name, format_size(bound.size),
-                                f"the {what} step needs {format_size(cost.bytes(1, 1, overhead))} for its smallest "
-                                "chunk (one group, one row) but its budget (the chunk fraction of the free memory "
-                                f"under {bound.describe()}) is {format_size(budget)}", fix)
+                                f"the {what} step needs {format_size(smallest)} for its smallest chunk (one group, "
+                                f"{rows}) but its budget (the chunk fraction of the free memory under "
+                                f"{bound.describe()}) is {format_size(budget)}", fix)
     groups, rows = chunk
     return ChunkPlan(groups, rows, cost.bytes(groups, rows, overhead))
 
@@ -183,13 +190,14 @@ class MemoryOracle:
         return int(self.cfg.overhead_factor * predict_output_bytes(size))
 
     def minimal_limit(self, size: ProblemSize, dual: bool = False, route: Optional[str] = None) -> int:
-        """The smallest memory.limit with which ``route`` (None: either route) can plan one group, one
-        row per chunk."""
+        """The smallest memory.limit with which ``route`` (None: either route) can plan its smallest chunk:
+        one group of one row (direct), of `cg_least_rows` rows (CG, the design kept or not)."""
         overhead = self.cfg.overhead_factor
         _, predict = self.costs(size, "cg", cache=False)
         smallest_predict = (predict.bytes(1, 1, overhead) + self.predict_output_bytes(size)) / self.chunk_fraction
-        cg_fit, _ = self.costs(size, "cg", cache=False)
-        cg = cg_fit.bytes(1, 1, overhead) / self.chunk_fraction
+        least = self.cg_least_rows(size)
+        cg = min(self.costs(size, "cg", cache)[0].bytes(1, least, overhead) for cache in (True, False))
+        cg = cg / self.chunk_fraction
         direct_fit, _ = self.costs(size, "direct", cache=False, dual=dual)
         direct = max(direct_fit.bytes(1, 1, overhead) / self.chunk_fraction,
                      self.dense_bytes(size, dual) / self.cfg.dense_fraction)
@@ -234,23 +242,36 @@ class MemoryOracle:
             return Limit("memory.limit", self.limit, held)
         return bound if bound is not None else Limit("device memory", free, 0)
 
+    def cg_least_rows(self, size: ProblemSize) -> int:
+        """The fewest rows a CG chunk holds: min(N, memory.max_chunk_rows, memory.min_chunk_rows). Each
+        product goes over every chunk (rebuilding each one when the design is not kept), so a chunk of a
+        few rows multiplies the per-chunk work by thousands: a run planned so was still fitting after 10
+        minutes where the uncapped fit takes seconds. Below this, the plan refuses and names the limit."""
+        cap = size.n_rows if self.cfg.max_chunk_rows is None else min(size.n_rows, self.cfg.max_chunk_rows)
+        return max(1, min(cap, self.cfg.min_chunk_rows))
+
     def fit_chunk(self, size: ProblemSize, route: str, dual: bool, budget: int, minimal: int,
                   bound: Limit) -> Tuple[ChunkPlan, bool, StepCost, StepCost]:
         """(the fit's chunk, cache_design, fit cost, predict cost) on ``route``: CG keeps W Phi whole when
-        it fits, else rebuilds it at every product; the dual form solves one group at a time."""
-        overhead, max_rows, min_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows, self.cfg.min_chunk_rows
+        it fits with chunks of at least `cg_least_rows` rows, else rebuilds it at every product (with
+        chunks that size at least); the dual form solves one group at a time."""
         cache = route == "cg"
-        fit_cost, predict_cost = self.costs(size, route, cache, dual)
+        least = self.cg_least_rows(size) if cache else 1
         try:
-            fit = pick_chunk(1 if dual else size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget,
-                             overhead, min_rows, max_rows, "fit", minimal, bound)
+            return self._fit_chunk(size, route, cache, dual, budget, minimal, bound, least)
         except MemoryBudgetError:
             if not cache:
                 raise
-            cache = False
-            fit_cost, predict_cost = self.costs(size, route, cache)
-            fit = pick_chunk(size.n_groups, size.n_rows, fit_cost.fixed, fit_cost.per_row, budget, overhead,
-                             min_rows, max_rows, "fit", minimal, bound)
+            return self._fit_chunk(size, route, False, dual, budget, minimal, bound, least)
+
+    def _fit_chunk(self, size: ProblemSize, route: str, cache: bool, dual: bool, budget: int, minimal: int,
+                   bound: Limit, least: int) -> Tuple[ChunkPlan, bool, StepCost, StepCost]:
+        """`fit_chunk` with the design kept (``cache``) or not; ``dual``: the direct route's dual form (one
+        group at a time)."""
+        fit_cost, predict_cost = self.costs(size, route, cache, dual)
+        fit = pick_chunk(1 if dual else size.n_groups, size.n_rows,
+                         fit_cost.fixed, fit_cost.per_row, budget, self.cfg.overhead_factor, self.cfg.min_chunk_rows,
+                         self.cfg.max_chunk_rows, "fit", minimal, bound, least)
         return fit, cache, fit_cost, predict_cost
 
     def select_minimal(self, size: ProblemSize) -> int:
