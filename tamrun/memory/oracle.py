@@ -131,8 +131,11 @@ def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: 
     if chunk is None or smallest > budget:
         bound = bound or Limit("device memory", int(budget), 0)
         fix = bound.fix(minimal_limit) if minimal_limit else f"free more than {format_size(budget)} of memory"
-        rows = "one row" if least_rows == 1 else (f"{least_rows} rows, the fewest CG takes as it goes over every "
-                                                  "chunk at each product: memory.min_chunk_rows")
+        rows = "one row"
+        if least_rows > 1:
+            rows = (f"{least_rows} rows, the fewest CG takes as it goes over every chunk at each product: "
+                    "memory.min_chunk_rows")
+            fix += "; or lower memory.min_chunk_rows (a slower fit)"
         raise MemoryBudgetError(bound.name, format_size(bound.size),
                                 f"the {what} step needs {format_size(smallest)} for its smallest chunk (one group, "
                                 f"{rows}) but its budget (the chunk fraction of the free memory under "
