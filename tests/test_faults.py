@@ -213,6 +213,52 @@ def test_sigkill_mid_fit_leaves_the_store_readable_and_the_next_run_marks_it_kil
     assert statuses == ["FINISHED", "KILLED"]
 
 
+@pytest.mark.parametrize("first", ["stale_check", "launcher", "stale_check_writing_last"])
+def test_a_lost_sweep_job_keeps_the_launchers_reason_whoever_closes_its_run_first(tmp_path, first):
+    """A cluster job whose process died is closed by two writers: the launching process, which knows the
+    task was lost (`record_lost_job`), and the stale-run check of another run opening on the same host
+    (`close_stale_runs`). In any order, even the check writing last after finding the run RUNNING
+    before the launcher closed it (the race a fresh clone's Ray test once lost), the run ends KILLED,
+    tamrun.lost_reason keeps the launcher's reason and tamrun.killed_reason one of the two."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from tamrun.tracking.lost_jobs import record_lost_job
+    from tamrun.tracking.stale import PID, REASON, STARTED, close_stale_runs, process_tags
+    from tamrun.tracking.store import open_client
+    from tamrun.tracking.sweep import SWEEP_FILE, SWEEP_ID_TAG, SWEEP_JOB_TAG
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = open_client(store, 30.0, 30.0)
+    experiment = client.create_experiment("lost")
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps({"tracking_uri": store, "busy_timeout_s": 30.0, "lock_timeout_s": 30.0,
+                                                    "sweep_id": "s1", "experiment_id": experiment}))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    tags = {**process_tags(), PID: gone.stdout.strip(), STARTED: "1.0", SWEEP_ID_TAG: "s1", SWEEP_JOB_TAG: "1"}
+    lost = client.create_run(experiment, run_name="job-1", tags=tags).info.run_id
+    finder = client.create_run(experiment, run_name="job-3").info.run_id
+    reason = "its Ray task was lost (WorkerCrashedError: the worker died)"
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    if first == "stale_check":
+        assert close_stale_runs(client, experiment, finder) == 1
+        record_lost_job(config, 1, ["solver.tol=1e-8"], reason)
+    else:
+        record_lost_job(config, 1, ["solver.tol=1e-8"], reason)
+        assert close_stale_runs(client, experiment, finder) == 0  # not RUNNING any more: left alone
+        if first == "stale_check_writing_last":  # what a check that searched before the launcher writes
+            client.set_tag(lost, REASON, f"its process (pid {tags[PID]}) ended; found by run {finder}")
+            client.set_terminated(lost, status="KILLED")
+    closed = client.get_run(lost)
+    assert closed.info.status == "KILLED"
+    assert closed.data.tags["tamrun.lost_reason"] == reason
+    expected = reason if first == "launcher" else "its process (pid"
+    assert closed.data.tags[REASON].startswith(expected)
+    assert client.get_run(finder).info.status == "RUNNING"
+
+
 def test_a_running_run_whose_process_is_alive_is_left_alone(compose_cfg, csv_path, store_uri):
     """A RUNNING run of a live process (this test's own) is not a stale run: the next run leaves it."""
     from tamrun.config.schema import TrackingConfig

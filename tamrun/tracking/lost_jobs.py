@@ -1,6 +1,10 @@
 """Sweep jobs whose process was lost before it could record the run's end (a cluster launcher's
 worker killed, its node gone): their run is marked KILLED from the launching process, which knows
 the job is over, whatever host the job ran on (`tamrun.tracking.stale` only sees this host's runs).
+
+The launcher's reason goes in a tag of its own, ``tamrun.lost_reason``, which nothing else writes: the
+stale-run check of another job starting on the same host may find the same run at the same moment,
+and the two writes of ``tamrun.killed_reason`` would race (one of them overwrites the other).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from tamrun.tracking.sweep import (SWEEP_ID_TAG, SWEEP_JOB_TAG, read_sweep_file,
 log = logging.getLogger(__name__)
 
 
+LOST_REASON = "tamrun.lost_reason"
+
+
 def record_lost_job(config: DictConfig, job_num: int, overrides: List[str], reason: str) -> None:
-    """Mark KILLED (tag ``tamrun.killed_reason``: ``reason``) the RUNNING run of sweep job ``job_num``
-    (one already closed KILLED by another job's stale-run check gets ``reason`` added to its tag); a job
-    lost before its run started gets a FAILED run of its own (the summary then lists it)."""
+    """Mark KILLED the RUNNING run of sweep job ``job_num``, its tag ``tamrun.lost_reason`` (and
+    ``tamrun.killed_reason``, unless another job's stale-run check closed it first) set to ``reason``;
+    a job lost before its run started gets a FAILED run of its own (the summary then lists it)."""
     from tamrun.tracking.store import open_client
 
     sweep_dir = str(config.hydra.sweep.dir)
@@ -31,13 +38,11 @@ def record_lost_job(config: DictConfig, job_num: int, overrides: List[str], reas
     query = f"tags.{SWEEP_ID_TAG} = '{info['sweep_id']}' and tags.{SWEEP_JOB_TAG} = '{job_num}'"
     runs = client.search_runs([info["experiment_id"]], filter_string=query, max_results=100)
     for run in runs:
+        client.set_tag(run.info.run_id, LOST_REASON, reason)
         if run.info.status == "RUNNING":
             client.set_tag(run.info.run_id, REASON, reason)
             client.set_terminated(run.info.run_id, status="KILLED")
             log.warning("sweep job #%d: run %s marked KILLED: %s", job_num, run.info.run_id, reason)
-        elif run.info.status == "KILLED" and reason not in run.data.tags.get(REASON, ""):
-            # closed already by another job's stale-run check on the same host: keep its note, add why
-            client.set_tag(run.info.run_id, REASON, f"{reason}; {run.data.tags.get(REASON, 'closed KILLED')}")
     if not runs:
-        tags = sweep_tags(sweep_dir, job_num, overrides)
+        tags = {**sweep_tags(sweep_dir, job_num, overrides), LOST_REASON: reason}
         record_refused_job(config, tags, RuntimeError(reason), sweep_run_name(sweep_dir, job_num, overrides, config))
