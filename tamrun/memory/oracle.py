@@ -110,6 +110,11 @@ class Plan:
         ])
 
 
+def row_cap(n_rows: int, max_rows: Optional[int]) -> int:
+    """The most rows a chunk holds: min(N, memory.max_chunk_rows), at least 1 (None: no cap)."""
+    return n_rows if max_rows is None else max(1, min(n_rows, max_rows))
+
+
 def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: int, budget: int,
                overhead: float, min_rows: int, max_rows: Optional[int] = None, what: str = "fit",
                minimal_limit: Optional[int] = None, bound: Optional[Limit] = None,
@@ -124,7 +129,7 @@ def pick_chunk(n_groups: int, n_rows: int, per_group_fixed: int, per_group_row: 
         MemoryBudgetError: not even one group of ``least_rows`` rows fits; the message names ``bound``,
             the limit the budget was read under, and the size it needs (``minimal_limit`` of working memory).
     """
-    rows_cap = n_rows if max_rows is None else max(1, min(n_rows, max_rows))
+    rows_cap = row_cap(n_rows, max_rows)
     cost = StepCost(per_group_fixed, per_group_row)
     smallest = cost.bytes(1, least_rows, overhead)
     chunk = select_chunk(n_groups, rows_cap, cost, budget, overhead, floor_rows=min(rows_cap, min_rows))
@@ -250,20 +255,19 @@ class MemoryOracle:
         product goes over every chunk (rebuilding each one when the design is not kept), so a chunk of a
         few rows multiplies the per-chunk work by thousands: a run planned so was still fitting after 10
         minutes where the uncapped fit takes seconds. Below this, the plan refuses and names the limit."""
-        cap = size.n_rows if self.cfg.max_chunk_rows is None else min(size.n_rows, self.cfg.max_chunk_rows)
-        return max(1, min(cap, self.cfg.min_chunk_rows))
+        return max(1, min(row_cap(size.n_rows, self.cfg.max_chunk_rows), self.cfg.min_chunk_rows))
 
     def fit_chunk(self, size: ProblemSize, route: str, dual: bool, budget: int, minimal: int,
                   bound: Limit) -> Tuple[ChunkPlan, bool, StepCost, StepCost]:
         """(the fit's chunk, cache_design, fit cost, predict cost) on ``route``: CG keeps W Phi whole when
         it fits with chunks of at least `cg_least_rows` rows, else rebuilds it at every product (with
         chunks that size at least); the dual form solves one group at a time."""
-        cache = route == "cg"
-        least = self.cg_least_rows(size) if cache else 1
+        is_cg = route == "cg"
+        least = self.cg_least_rows(size) if is_cg else 1
         try:
-            return self._fit_chunk(size, route, cache, dual, budget, minimal, bound, least)
+            return self._fit_chunk(size, route, is_cg, dual, budget, minimal, bound, least)
         except MemoryBudgetError:
-            if not cache:
+            if not is_cg:  # only CG can go on without keeping the design
                 raise
             return self._fit_chunk(size, route, False, dual, budget, minimal, bound, least)
 
