@@ -38,6 +38,8 @@ def record_lost_job(config: DictConfig, job_num: int, overrides: List[str], reas
     query = f"tags.{SWEEP_ID_TAG} = '{info['sweep_id']}' and tags.{SWEEP_JOB_TAG} = '{job_num}'"
     runs = client.search_runs([info["experiment_id"]], filter_string=query, max_results=100)
     for run in runs:
+        if run.info.status not in ("RUNNING", "KILLED"):
+            continue  # the job recorded its own end (FINISHED, FAILED) before its process was lost
         client.set_tag(run.info.run_id, LOST_REASON, reason)
         if run.info.status == "RUNNING":
             client.set_tag(run.info.run_id, REASON, reason)
