@@ -32,6 +32,9 @@ from tamrun.tracking.ui_view import runs_table_url
 log = logging.getLogger("ui_screenshots")
 
 JOBS = ["model=fourier,spline"]  # the two runs to compare
+# A tracking-only server: MLflow's job execution (GenAI scoring, trace archival) would keep both cores
+# busy for about 6 s after /health answers, and the first job's fit_seconds would show it.
+TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def wait_for(url: str, seconds: float) -> None:
@@ -120,7 +123,8 @@ def main(argv: List[str] | None = None) -> None:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(args.port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
              "--artifacts-destination", f"{tmp}/artifacts"],
-            stdout=open(f"{tmp}/server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=open(f"{tmp}/server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **TRACKING_ONLY})
         try:
             wait_for(f"{base}/health", 120)
             env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
