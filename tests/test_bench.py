@@ -118,7 +118,37 @@ def test_the_sweep_benchmark_times_both_launchers_and_reports_their_ratio(csv_pa
     from tamrun.bench.sweeps import main as sweeps_main
 
     assert sweeps_main(["-r", "1", *csv_overrides(csv_path), "model.effects.sx.ap=-5,-6"]) == 0
-    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")]
     assert [cells[0].strip() for cells in rows] == ["round", "1", "median"]
     parallel, serial, ratio = (float(cell) for cell in rows[1][1:])
     assert parallel > 0 and serial > 0 and ratio == pytest.approx(parallel / serial, abs=0.03)  # the table rounds
+    assert out.startswith("- cpu: ") and "- load average at start: " in out  # the machine comes with the figures
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+flags\t\t: fpu avx512f
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: Another CPU
+"""
+
+
+def test_the_machine_header_names_the_cpu_family_and_model(tmp_path):
+    """Two hosts named "AMD EPYC" differ by their family: the header says which (from the first processor)."""
+    from tamrun.bench.machine import cpu_description, header_lines
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPUINFO)
+    assert cpu_description(str(cpuinfo)) == "AMD EPYC (family 26, model 2)"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\n")  # no family: the name alone
+    assert cpu_description(str(cpuinfo)) == "Some CPU"
+    assert cpu_description(str(tmp_path / "missing")) != ""  # not Linux: the platform's name
+    assert header_lines({"cpu": "x", "load average at start": "0.50"}) == ["- cpu: x", "- load average at start: 0.50"]

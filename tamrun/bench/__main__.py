@@ -23,7 +23,6 @@ import datetime as dt
 import json
 import logging
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -31,26 +30,11 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from tamrun.bench.child import RESULT_PREFIX
+from tamrun.bench.machine import machine_info
 from tamrun.bench.report import markdown
 
 log = logging.getLogger("tamrun.bench")
 CHILD = Path(__file__).with_name("child.py")
-
-
-def machine_info(device: str) -> Dict[str, str]:
-    """CPU model, cores, memory, GPU name, torch version."""
-    import psutil
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else "none"
-    return {"cpu": f"{cpu}, {psutil.cpu_count()} logical cores", "memory": f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
-            "gpu": gpu, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def peer_arguments(model: str) -> List[str]:

@@ -4,8 +4,9 @@
 
 Each side runs ``python -m tamrun tracking.uri=sqlite:///<its store> progress=off [overrides]`` in a
 fresh process (the baseline with its checkout first on PYTHONPATH), into a store created by one
-untimed run first, the sides interleaved ``-r`` times. Prints a markdown table of each side's median
-and runs (seconds from the process's start to its exit); exit code 1 when a run fails.
+untimed run first, the sides interleaved ``-r`` times. Prints the machine (`tamrun.bench.machine`) and a
+markdown table of each side's median and runs (seconds from the process's start to its exit); exit code
+1 when a run fails.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from tamrun.bench.machine import header_lines, machine_info
 
 
 def tamrun_seconds(label: str, arguments: List[str], workdir: Path, pythonpath: Optional[str] = None) -> float:
@@ -53,6 +56,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.baseline:
         sides["baseline"] = str(Path(args.baseline).resolve())
     seconds: Dict[str, List[float]] = {name: [] for name in sides}
+    machine_lines = header_lines(machine_info())  # before the runs: the load average they started in
     with tempfile.TemporaryDirectory(prefix="tamrun-e2e-") as tmp:
         try:
             for name, path in sides.items():
@@ -63,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except RuntimeError as error:
             sys.stderr.write(f"{error}\n")
             return 1
-    lines = ["| side | median s | runs s |", "|---|---|---|"]
+    lines = [*machine_lines, "", "| side | median s | runs s |", "|---|---|---|"]
     lines += [f"| {name} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |"
               for name, values in seconds.items()]
     sys.stdout.write("\n".join(lines) + "\n")

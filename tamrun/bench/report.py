@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from tamrun.bench.machine import header_lines
+
 SIDES = ("tamrun", "baseline", "peer")  # baseline: tamrun from another checkout (--baseline)
 MIB = 2**20
 
@@ -121,7 +123,7 @@ def markdown(records: Sequence[dict], header: Dict[str, str]) -> str:
     """The report: machine header, the per-side table, the ratio table."""
     summaries = summarise(records)
     lines = [f"### {header.get('title', 'tamrun vs peer')}", ""]
-    lines += [f"- {key}: {value}" for key, value in header.items() if key != "title"]
+    lines += header_lines({key: value for key, value in header.items() if key != "title"})
     lines += ["", "| model | side | route | fit s median (min–max) | fit: setup + solve s | predict s | "
               "peak MiB above baseline | test RMSE MW | MAPE % | CG iters / final rel. residual | runs |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]

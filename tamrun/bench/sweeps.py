@@ -5,8 +5,9 @@
 
 Each round runs ``python -m tamrun -m hydra/launcher=parallel <sweep>`` and ``python -m tamrun -m <sweep>``
 (Hydra's basic launcher: one process, the jobs one after the other, each on every core), interleaved, into
-one sqlite store that an untimed run created first (the usual case). Prints a markdown table of each
-round's wall times (process start to exit) and their ratio, and the medians; exit code 1 when a run fails.
+one sqlite store that an untimed run created first (the usual case). Prints the machine
+(`tamrun.bench.machine`) and a markdown table of each round's wall times (process start to exit) and
+their ratio, and the medians; exit code 1 when a run fails.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from tamrun.bench.e2e import tamrun_seconds
+from tamrun.bench.machine import header_lines, machine_info
 
 FOREST_SWEEP = ["model=forest", "model.effects.trend.ap=-5,-5.5,-6,-6.5"]
 # side -> the launcher's overrides
@@ -33,6 +35,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     sweep = args.overrides or FOREST_SWEEP
     seconds: Dict[str, List[float]] = {side: [] for side in SIDES}
+    machine_lines = header_lines(machine_info())  # before the runs: the load average they started in
     with tempfile.TemporaryDirectory(prefix="tamrun-sweeps-") as tmp:
         workdir = Path(tmp)
         store = [f"tracking.uri=sqlite:///{workdir / 'mlflow.db'}", "progress=off"]
@@ -47,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 1
     parallel, serial = seconds["parallel"], seconds["one after another"]
     ratios = [p / s for p, s in zip(parallel, serial)]
-    lines = [f"sweep: {' '.join(sweep)}", "", "| round | parallel s | one after another s | ratio |",
+    lines = [*machine_lines, f"- sweep: {' '.join(sweep)}", "", "| round | parallel s | one after another s | ratio |",
              "|---|---|---|---|"]
     lines += [f"| {i + 1} | {p:.1f} | {s:.1f} | {r:.2f} |" for i, (p, s, r) in enumerate(zip(parallel, serial, ratios))]
     lines.append(f"| median | {statistics.median(parallel):.1f} | {statistics.median(serial):.1f} | "
