@@ -5,6 +5,7 @@ start are part of every figure."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 from typing import Dict, List
@@ -30,14 +31,18 @@ def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 def machine_info(device: str = "cpu") -> Dict[str, str]:
     """CPU (model name, family and model, logical cores), memory, GPU name, torch and Python versions,
-    and the 1-minute load average when it is read."""
+    and the 1-minute load average when it is read. torch is imported only to name a CUDA device: the
+    benchmarks' own process stays lean while the timed runs go on beside it."""
     import psutil
-    import torch
 
-    gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else "none"
+    gpu = "none"
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     info = {"cpu": f"{cpu_description()}, {psutil.cpu_count()} logical cores",
-            "memory": f"{psutil.virtual_memory().total / 2**30:.0f} GiB", "gpu": gpu, "torch": torch.__version__,
-            "python": platform.python_version()}
+            "memory": f"{psutil.virtual_memory().total / 2**30:.0f} GiB", "gpu": gpu,
+            "torch": importlib.metadata.version("torch"), "python": platform.python_version()}
     if hasattr(os, "getloadavg"):
         info["load average at start"] = f"{os.getloadavg()[0]:.2f}"
     return info
