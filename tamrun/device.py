@@ -10,14 +10,18 @@ import logging
 import os
 import resource
 import sys
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import psutil
 import torch
 
-from tamrun.errors import DeviceError
+from tamrun.errors import ConfigError, DeviceError
+from tamrun.memory.gpu import GpuMemory, is_device_oom, read_gpu_memory
+from tamrun.memory.guard import error_text, unplanned_oom_refused
 from tamrun.memory.limits import Limit, binding_limit
+from tamrun.placement import CHECK_DEVICE, HOST, PlacementCheck
 from tamrun.threads import Threads, job_threads
 
 log = logging.getLogger(__name__)
@@ -58,13 +62,46 @@ def require_dtype(kind: str, dtype: torch.dtype) -> None:
                           f"use dtype=float32 with hw={kind}, or hw=cpu")
 
 
-def use_deterministic() -> None:
-    """torch's deterministic algorithms for this process (CUDA's float ``index_add_`` otherwise sums
-    with atomics in a varying order); cuBLAS needs a fixed workspace for it, set before its first use.
-    An op without a deterministic kernel warns rather than fails (``warn_only``)."""
+# What torch says when deterministic algorithms are on and an operation has no such kernel.
+NO_DETERMINISTIC_KERNEL = "does not have a deterministic implementation"
+
+
+@contextmanager
+def deterministic_algorithms(device: torch.device) -> Iterator[None]:
+    """torch's deterministic algorithms while the run computes (CUDA's float ``index_add_`` otherwise sums
+    with atomics in a varying order; tamrun's leaf sums follow the switch, `tamrun.effects.indexed`),
+    the process's previous setting restored after; cuBLAS needs a fixed workspace, set before its first
+    use. torch's RuntimeError for an operation without a deterministic kernel becomes a `ConfigError`
+    naming hw.deterministic and the operation (exit 2): a run that cannot repeat bitwise is refused,
+    never finished as if it did."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True)
     log.info("deterministic algorithms on (hw.deterministic=true)")
+    try:
+        yield
+    except RuntimeError as exc:
+        if NO_DETERMINISTIC_KERNEL not in str(exc):
+            raise
+        operation = str(exc).split(NO_DETERMINISTIC_KERNEL)[0].strip() or "an operation"
+        raise ConfigError("hw.deterministic", True, f"{operation} has no deterministic kernel on {device}, so this "
+                          "run cannot repeat bitwise", "set hw.deterministic=false (runs then agree to about "
+                          "1e-10), or run on the CPU (hw=cpu), which repeats bitwise") from None
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def compute_device(kind: str, check_placement: bool = False) -> torch.device:
+    """The compute device of ``kind``, always with an index (torch.cuda's calls need one): the current
+    CUDA / XPU device, ``mps:0``; on the CPU the host itself, or `CHECK_DEVICE` (``cpu:0``) under
+    hw.check_placement."""
+    if kind == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    if kind == "xpu":
+        return torch.device("xpu", torch.xpu.current_device())
+    if kind == "mps":
+        return torch.device("mps", 0)
+    return CHECK_DEVICE if check_placement else HOST
 
 
 @dataclass
@@ -90,12 +127,16 @@ class DeviceManager:
         dtype: the run's dtype, checked against the device's capabilities.
         threads: torch intra-op threads on the CPU and why (`tamrun.threads.resolve_threads`; None:
             torch's setting is left as it is); ``self.threads`` is what was applied (None off the CPU).
-        deterministic: on CUDA, switch torch to deterministic algorithms (see `use_deterministic`).
+        deterministic: torch's deterministic algorithms in `session` (see `deterministic_algorithms`).
+        check_placement: on the CPU, compute on `CHECK_DEVICE` under a `PlacementCheck` (`session`).
+
+    ``device`` is the compute device, with its index (`compute_device`); every ``torch.cuda`` call
+    here passes it.
     """
 
     def __init__(self, requested: str = "auto", preference: Sequence[str] = ("cuda", "mps", "xpu", "cpu"),
                  dtype: torch.dtype = torch.float64, threads: Optional[Threads] = None,
-                 deterministic: bool = False) -> None:
+                 deterministic: bool = False, check_placement: bool = False) -> None:
         if requested == "auto":
             kind = next((k for k in preference if device_available(k)), "cpu")
         elif device_available(requested):
@@ -104,22 +145,54 @@ class DeviceManager:
             raise DeviceError("hw", requested, f"no {requested} device is available on this machine",
                               "use hw=auto or hw=cpu, or run on a machine with that device")
         self.kind = kind
-        self.device = torch.device(kind)
+        self.check = PlacementCheck() if check_placement and kind == "cpu" else None
+        self.device = compute_device(kind, self.check is not None)
+        if kind == "cuda":
+            self._open_context()
+        self.deterministic = deterministic
         require_dtype(kind, dtype)
         self.threads = threads if kind == "cpu" else None
         if self.threads is not None:
             torch.set_num_threads(self.threads.count)
             log.info("threads: %d (%s)", self.threads.count, self.threads.reason)
-        if deterministic and kind == "cuda":
-            use_deterministic()
-        log.info("device: %s (%s)", self.name, kind)
+        log.info("device: %s (%s%s)", self.name, kind, ", placement checked" if self.check else "")
 
     @classmethod
     def from_config(cls, hw, dtype: torch.dtype) -> "DeviceManager":
         """From the ``hw`` config group (device, preference, threads) and the run's dtype; the threads
         by `tamrun.threads.job_threads` (hw.threads, else the CPUs a job of this process's Hydra
         multirun has, else all usable cores; at most OMP_NUM_THREADS)."""
-        return cls(hw.device.value, hw.preference, dtype, job_threads(hw.threads), hw.deterministic)
+        return cls(hw.device.value, hw.preference, dtype, job_threads(hw.threads), hw.deterministic,
+                   hw.check_placement)
+
+    def _open_context(self) -> None:
+        """Create this process's CUDA context now (about 500 MiB of the GPU), so that a GPU too full for
+        it is refused at once, naming the GPU's memory (`tamrun.memory.gpu`), not at the first tensor."""
+        try:
+            torch.cuda.mem_get_info(self.device)
+        except RuntimeError as exc:
+            if not is_device_oom(exc):
+                raise
+            raise self.gpu_memory().out_of_memory("creating this process's CUDA context", error_text(exc)) from None
+
+    def gpu_memory(self) -> GpuMemory:
+        """What the GPU holds now: free and total, other processes, this process's context and tensors."""
+        return read_gpu_memory(self.device)
+
+    def oom_refused(self, margin: int):
+        """`unplanned_oom_refused` for this device: a GPU's out-of-memory names the GPU's memory."""
+        return unplanned_oom_refused(margin, self.gpu_memory if self.kind == "cuda" else None)
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """The context a run computes in: the `PlacementCheck` under hw.check_placement, and an operation
+        without a deterministic kernel refused as a `ConfigError` under hw.deterministic."""
+        with ExitStack() as stack:
+            if self.deterministic:
+                stack.enter_context(deterministic_algorithms(self.device))
+            if self.check is not None:
+                stack.enter_context(self.check)
+            yield
 
     @property
     def name(self) -> str:

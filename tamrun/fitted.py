@@ -25,6 +25,7 @@ from tamrun.effects.design import AdditiveDesign
 from tamrun.errors import DataError
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop
+from tamrun.placement import HOST, to_device
 from tamrun.solve.assembly import row_spans
 
 
@@ -32,13 +33,16 @@ def predict_rows(design: AdditiveDesign, coef: torch.Tensor, x: torch.Tensor, de
                  group_chunk: int = 0, row_chunk: int = 0, weight: Optional[torch.Tensor] = None,
                  loop: Optional[ChunkLoop] = None, cost: Optional[StepCost] = None,
                  label: str = "predict") -> torch.Tensor:
-    """Phi(x_g) beta_g (G, N) on the CPU for raw features x (G, N, F) of the design's groups and
-    coef (G, D); multiplied by ``weight`` (G, N) when given (0 on padding). ``group_chunk`` /
+    """Phi(x_g) beta_g (G, N) on the host for raw features x (G, N, F, on the host) of the design's groups
+    and coef (G, D); multiplied by ``weight`` (G, N) when given (0 on padding). The one place a
+    prediction places its tensors: the design's state and the coefficients move to ``device`` as a whole
+    (`tamrun.placement.to_device`), each chunk of x follows, each result comes back. ``group_chunk`` /
     ``row_chunk``: groups and rows per chunk (0: all). ``loop``: run the group chunks under the
     guard, each charged ``cost`` (the plan's predict cost), their progress named ``label``."""
     n_groups, n_rows = x.shape[:2]
     out = torch.zeros(n_groups, n_rows, dtype=x.dtype)
     rows = max(1, min(row_chunk or n_rows, n_rows))
+    design = design.to(device)
     coef_dev = coef.to(device=device, dtype=x.dtype)
 
     def step(start: int, size: int) -> None:
@@ -77,7 +81,8 @@ def prediction_batch(design: AdditiveDesign, groups: list, recipe: DataRecipe, d
 
 @dataclass
 class FittedModel:
-    """A fitted additive model, on the CPU or the fit's device; picklable (the MLflow model holds one).
+    """A fitted additive model, every tensor of it on the host (`to` moves them all); picklable (the
+    MLflow model holds one), and a pickle always holds it on the host, so that it loads without a GPU.
 
     ``coef`` (G, D) in the order of ``groups``; ``group_chunk`` x ``row_chunk``: its predictions'
     chunks (the group chunk the fit kept and the plan's predict rows: they fitted in memory)."""
@@ -109,8 +114,16 @@ class FittedModel:
         """Rows of ``frame`` as a batch of the fitted groups (`prediction_batch`)."""
         return prediction_batch(self.design, self.groups, self.recipe, self.dtype, frame)
 
-    def predict(self, batch: GroupedBatch, device: torch.device = torch.device("cpu")) -> torch.Tensor:
-        """Predictions (G, N) of a batch of the fitted groups, on the CPU; 0 on padding."""
+    def to(self, device: torch.device) -> "FittedModel":
+        """A copy with every tensor (design, effects' state, coefficients) on ``device``."""
+        return to_device(self, device)
+
+    def __getstate__(self) -> dict:
+        return {key: to_device(value, HOST) for key, value in vars(self).items()}
+
+    def predict(self, batch: GroupedBatch, device: torch.device = HOST) -> torch.Tensor:
+        """Predictions (G, N) of a batch of the fitted groups, computed on ``device``, returned on the
+        host; 0 on padding."""
         return predict_rows(self.design, self.coef, batch.x, device, self.group_chunk, self.row_chunk, batch.weight)
 
     def predict_values(self, frame: pd.DataFrame) -> np.ndarray:

@@ -35,6 +35,7 @@ from tamrun.fitted import FittedModel, predict_rows
 from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
+from tamrun.placement import HOST
 from tamrun.solve.cg import CgCallback, no_cg_progress
 from tamrun.solve.dispatcher import Dispatcher
 from tamrun.solve.gcv import GcvSelection, select_penalties
@@ -249,7 +250,8 @@ def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager
     coef, stats = dispatcher.fit(train)
     check_coefficients(coef, train.groups, config)
     # standalone predictions (the MLflow model, plots) in the group chunk the fit kept: it fitted in memory
-    model = FittedModel(design, coef, train.groups, recipe, train.x.dtype, stats.group_chunk, plan.predict.rows)
+    model = FittedModel(design, coef, train.groups, recipe, train.x.dtype, stats.group_chunk,
+                        plan.predict.rows).to(HOST)
     return Fit(model, plan, stats, train, devices.device, loop, selection)
 
 

@@ -23,7 +23,6 @@ from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
 from tamrun.jobs.record import record_inputs
 from tamrun.jobs.result import RunResult
-from tamrun.memory.guard import unplanned_oom_refused
 from tamrun.pipeline import DTYPES
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.params import experiment_params
@@ -54,7 +53,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     torch.manual_seed(config.seed)
     if config.mode.name == ModeName.plan:
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
-        with unplanned_oom_refused(config.memory.safety_margin_bytes):
+        with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
             return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded))
     with TrackedRun(config.tracking, run_name=run_name or f"{config.model.name}-{config.data.name}",
                     tags=run_tags(config, tags)) as tracked:
@@ -62,7 +61,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
             log_config(tracked, cfg, overrides)
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
             tracked.set_tags({"device": devices.name, "device_kind": devices.kind, **thread_tags(devices)})
-            with unplanned_oom_refused(config.memory.safety_margin_bytes):
+            with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
                 prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
                 record_inputs(tracked, prepared)
                 result = TRACKED_JOBS[config.mode.name](prepared, tracked)

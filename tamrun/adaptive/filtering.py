@@ -93,7 +93,7 @@ def filter_inputs(model: FittedModel, frame: pd.DataFrame, burn_in_end: pd.Times
         inputs.div_(scale.unsqueeze(1))
         theta0, names = scale, [block.name for block in model.design.blocks]
     else:
-        inputs = model.design.design(batch.x.to(device)).cpu()
+        inputs = model.design.to(device).design(batch.x.to(device)).cpu()
         theta0, names = model.coef.to(inputs.dtype).cpu(), [f"c{j}" for j in range(model.design.width)]
     skipped = np.zeros(real.shape, dtype=bool)
     for column in skip_updates:

@@ -61,7 +61,7 @@ class WindowFitter:
 
     def __init__(self, config: Config, design: AdditiveDesign, devices: DeviceManager, history: GroupedBatch,
                  schedule: WindowSchedule, window_plan: WindowPlan, loop: ChunkLoop) -> None:
-        self.config, self.design, self.devices = config, design, devices
+        self.config, self.design, self.devices = config, design.to(devices.device), devices
         self.history, self.schedule, self.wplan = history, schedule, window_plan
         self.loop = loop  # runs the batches of windows
         self.penalty = design.penalty_operator().to(devices.device, history.x.dtype)

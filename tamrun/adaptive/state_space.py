@@ -63,7 +63,7 @@ def effect_contributions(design: AdditiveDesign, coef: torch.Tensor, x: torch.Te
     """(G, N, J') the contribution Phi_j(x) beta_j of each block j of ``design.blocks`` (the intercept
     first when the model has one) to the forecast Phi(x) beta, for raw features x (G, N, F) of the
     design's groups, ``row_chunk`` rows at a time; their sum over j is the forecast."""
-    blocks = design.blocks
+    blocks, design = design.blocks, design.to(device)
     out = torch.zeros(x.shape[:2] + (len(blocks),), dtype=x.dtype)
     coef = coef.to(device=device, dtype=x.dtype)
     masked = torch.zeros((len(blocks),) + coef.shape, dtype=x.dtype, device=device)

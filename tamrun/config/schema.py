@@ -238,10 +238,15 @@ class HardwareConfig:
     # job's modules (torch, pandas, MLflow, tamrun) once before they start (tamrun/forked_workers.py);
     # false: joblib's loky workers, fresh interpreters that each import them (~5 s on 2 cores).
     fork_workers: bool = True
-    # CUDA only: torch.use_deterministic_algorithms (index_add_ by a sorted, deterministic kernel instead
-    # of float atomics; cuBLAS with a fixed workspace) for bitwise-repeatable GPU runs, at some speed.
-    # CPU runs repeat bitwise either way (for the same thread count).
+    # torch.use_deterministic_algorithms and tamrun's own deterministic kernels (the leaf sums slot by slot
+    # instead of sparse products, index_add_ by a sorted kernel instead of float atomics; cuBLAS with a
+    # fixed workspace) for bitwise-repeatable GPU runs, at some speed; an operation torch has no
+    # deterministic kernel for is refused (exit 2). CPU runs repeat bitwise either way (same thread count).
     deterministic: bool = False
+    # The CPU as a compute device of its own (hw=check; tests and debugging): tensors placed on it are
+    # tagged, and an operation mixing them with host tensors fails as it would on a GPU
+    # (tamrun/placement.py). Only with a CPU device; the run is slower (a Python hook on every operation).
+    check_placement: bool = False
 
 
 @dataclass

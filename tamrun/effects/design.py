@@ -14,6 +14,7 @@ import torch
 from tamrun.data.batch import GroupedBatch, RangeScaler
 from tamrun.effects.base import Effect, IndexedEffect
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock
+from tamrun.placement import HOST, to_device
 
 
 @dataclass
@@ -49,8 +50,7 @@ class AdditiveDesign:
     def fit(self, train: GroupedBatch) -> "AdditiveDesign":
         """Learn the per-group ranges and each effect's state from the training batch, one effect's
         columns at a time (the real rows of its raw and scaled columns: 4 (G, N, c) copies at the peak)."""
-        self.scaler = RangeScaler.fit(train)
-        scaler = self.scaler.to(torch.device("cpu"))
+        self.scaler = scaler = RangeScaler.fit(train).to(HOST)  # a design's state is made on the host
         real, x = train.weight.cpu() > 0, train.x.cpu()
         for effect in self.effects:
             cols = self._index(effect)
@@ -80,10 +80,9 @@ class AdditiveDesign:
         return int(self.intercept) + sum(e.width for e in self.dense_effects)
 
     def to(self, device: torch.device) -> "AdditiveDesign":
-        """Move the fitted per-group ranges to ``device`` (effects move their state per call)."""
-        if self.scaler is not None:
-            self.scaler = self.scaler.to(device)
-        return self
+        """A copy with every tensor of the design (per-group ranges, each effect's state) on ``device``
+        (`tamrun.placement.to_device`); this design is left as it is."""
+        return to_device(self, device)
 
     def block_slices(self) -> List[Tuple[str, slice]]:
         return [(b.name, slice(b.start, b.stop)) for b in self.blocks]

@@ -113,17 +113,32 @@ class IndexedBlock:
         return self._indicator, self._indicator_t
 
     def _scatter_rows(self, source: torch.Tensor) -> torch.Tensor:
-        """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, K) -> (g, R K), i.e. O' source."""
-        g, n, _ = self.shape
+        """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, K) -> (g, R K), i.e. O' source.
+        Under torch's deterministic algorithms (hw.deterministic), slot by slot with index_add_ (a
+        sorted kernel then; a sparse product's sum order is the library's)."""
+        g, n, t = self.shape
         k = source.shape[-1]
+        rows = source.reshape(g * n, k)
+        if torch.are_deterministic_algorithms_enabled():
+            out = rows.new_zeros(g * self.n_rows_grid, k)
+            for slot in range(t):
+                out.index_add_(0, self.flat[:, slot], rows)
+            return out.view(g, self.n_rows_grid * k)
         _, indicator_t = self.indicators(source.dtype)
-        return (indicator_t @ source.reshape(g * n, k)).view(g, self.n_rows_grid * k)
+        return (indicator_t @ rows).view(g, self.n_rows_grid * k)
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """v (g, R Q) -> Phi v = rowsum(values o (O V)) (g, n), V = v as an (g R, Q) grid."""
-        g, n, _ = self.shape
-        indicator, _ = self.indicators(v.dtype)
-        picked = indicator @ v.reshape(g * self.n_rows_grid, self.q)  # (g n, Q): sum over the T grid rows
+        """v (g, R Q) -> Phi v = rowsum(values o (O V)) (g, n), V = v as an (g R, Q) grid (under torch's
+        deterministic algorithms: the T grid rows gathered and summed slot by slot)."""
+        g, n, t = self.shape
+        grid = v.reshape(g * self.n_rows_grid, self.q)
+        if torch.are_deterministic_algorithms_enabled():
+            picked = grid[self.flat[:, 0]]
+            for slot in range(1, t):
+                picked += grid[self.flat[:, slot]]
+        else:
+            indicator, _ = self.indicators(v.dtype)
+            picked = indicator @ grid  # (g n, Q): sum over the T grid rows
         return (picked.view(g, n, self.q) * self.row_values()).sum(dim=-1)
 
     def rmatvec(self, u: torch.Tensor) -> torch.Tensor:

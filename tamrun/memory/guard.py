@@ -29,6 +29,7 @@ import torch
 from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
 from tamrun.memory.footprint import data_step_bytes
+from tamrun.memory.gpu import GPU_FIX, GpuMemory, is_device_oom
 from tamrun.memory.limits import HARD, WHAT, Limit, binding_limit
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.memory.units import format_size
@@ -62,20 +63,28 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(message in text for message in OOM_MESSAGES)
 
 
+def error_text(exc: BaseException) -> str:
+    """``Type: first line of the message``."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}"
+
+
 @contextmanager
-def unplanned_oom_refused(margin: int) -> Iterator[None]:
+def unplanned_oom_refused(margin: int, gpu_memory: Optional[Callable[[], GpuMemory]] = None) -> Iterator[None]:
     """Turn an out-of-memory outside the guarded chunks (loading the data, the features, evaluation,
     recording) into a `MemoryBudgetError` that names the limit binding now (``margin``:
-    memory.safety_margin): exit 2 with a message, not a traceback."""
+    memory.safety_margin): exit 2 with a message, not a traceback. A GPU's (`is_device_oom`) names the
+    GPU's memory instead (``gpu_memory``: what it holds now, read when the error comes)."""
     try:
         yield
     except oom_exception_types() as exc:
         if not is_oom(exc):
             raise
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}"
-        if isinstance(exc, torch.OutOfMemoryError):  # a GPU's: the process's CPU limits are not what ran out
-            raise MemoryBudgetError("device memory", None, f"out of memory outside the planned chunks ({error})",
-                                    "free device memory held by other processes, or set memory.limit") from None
+        error = error_text(exc)
+        if is_device_oom(exc):  # a GPU's: the process's CPU limits are not what ran out
+            if gpu_memory is not None:
+                raise gpu_memory().out_of_memory("outside the planned chunks", error) from None
+            raise MemoryBudgetError("GPU memory", None, f"out of GPU memory outside the planned chunks ({error})",
+                                    GPU_FIX) from None
         bound = binding_limit(margin)
         raise MemoryBudgetError(
             bound.name, format_size(bound.size), f"out of memory outside the planned chunks ({error}) under "

@@ -15,12 +15,10 @@ The LoggedModel is linked to its run (the UI's Models column) and registered in 
 
 from __future__ import annotations
 
-import copy
 import logging
 import pickle
 import tempfile
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -31,6 +29,7 @@ import torch
 
 import tamrun
 from tamrun.fitted import FittedModel
+from tamrun.placement import HOST
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +53,6 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
         return self.model.predict_values(model_input)
 
 
-def cpu_model(fitted: FittedModel) -> FittedModel:
-    """The fitted model with its design and coefficients on the CPU (the design copied only when it is
-    not there already: `AdditiveDesign.to` moves in place)."""
-    design = fitted.design
-    if fitted.coef.device.type != "cpu":
-        design = copy.deepcopy(design).to(torch.device("cpu"))
-    return replace(fitted, design=design, coef=fitted.coef.detach().cpu())
-
-
 def requirements() -> List[str]:
     return [f"tamrun=={tamrun.__version__}", f"torch=={torch.__version__.split('+')[0]}",
             f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}"]
@@ -76,7 +66,7 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import Model, infer_signature
 
-    model = cpu_model(fitted)
+    model = fitted.to(HOST)  # every tensor of it: it loads on a machine without a GPU
     sample = example[model.raw_columns(example.columns)].head(EXAMPLE_ROWS).reset_index(drop=True)
     client = tracked.client
     logged = client.create_logged_model(tracked.experiment_id, name=name, source_run_id=tracked.run_id,
