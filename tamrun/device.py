@@ -185,9 +185,12 @@ class DeviceManager:
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """The context a run computes in: the `PlacementCheck` under hw.check_placement, and an operation
-        without a deterministic kernel refused as a `ConfigError` under hw.deterministic."""
+        """The context a run computes in: the `PlacementCheck` under hw.check_placement, an operation
+        without a deterministic kernel refused as a `ConfigError` under hw.deterministic, and on CUDA the
+        allocator's cap (memory.limit, `enforce_limit`) lifted at the end."""
         with ExitStack() as stack:
+            if self.kind == "cuda":
+                stack.callback(self.enforce_limit, None)
             if self.deterministic:
                 stack.enter_context(deterministic_algorithms(self.device))
             if self.check is not None:
@@ -268,9 +271,12 @@ class DeviceManager:
             torch.cuda.synchronize(self.device)
 
     def enforce_limit(self, limit_bytes: Optional[int]) -> None:
-        """On CUDA, make the allocator itself refuse more than memory.limit (set_per_process_memory_fraction);
-        elsewhere nothing: the oracle's plan and the tracker keep the run under it."""
-        if limit_bytes is None or self.kind != "cuda":
+        """On CUDA, make the allocator itself refuse more than memory.limit (set_per_process_memory_fraction;
+        no limit: the whole device, so that a cap of an earlier run in this process does not hold);
+        elsewhere nothing: the oracle's plan and the tracker keep the run under it. The cap is the run's:
+        `session` lifts it when the run ends (a sweep's jobs in one process, tests)."""
+        if self.kind != "cuda":
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), self.device)
+        fraction = 1.0 if limit_bytes is None else min(1.0, limit_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device)

@@ -96,18 +96,18 @@ def test_a_tenth_of_the_adaptive_peak_gives_the_same_results(compose_cfg):
     """memory.limit = 1/10 of the uncapped run's measured working peak (adaptive phase): fewer windows
     per batch, the same Grams (the running sum goes window by window whatever the batch), the same
     coefficients and forecasts."""
-    free = run(compose_cfg(*NATIONAL, "tracking=none"))
+    free = run(compose_cfg(*NATIONAL, "tracking=none", "hw=cpu"))  # the CPU's working memory
     peak = free.metrics["working_peak_bytes"]
     assert 0 < peak <= 1.25 * free.metrics["predicted_batch_bytes"]
     limit = int(peak / 10)
-    capped = run(compose_cfg(*NATIONAL, "tracking=none", f"memory.limit={limit}"))
+    capped = run(compose_cfg(*NATIONAL, "tracking=none", "hw=cpu", f"memory.limit={limit}"))
     assert capped.metrics["windows_per_batch"] < free.metrics["windows_per_batch"]
     assert capped.metrics["working_peak_bytes"] <= limit
     assert capped.metrics["tracker_peak_bytes"] <= capped.metrics["window_budget_bytes"]
     assert relative(capped.coef, free.coef) <= 1e-12
     assert capped.metrics["rmse_test"] == pytest.approx(free.metrics["rmse_test"], rel=1e-12)
     # one window of 48 groups does not fit in 30 MiB: one window of fewer groups per batch
-    fewer = run(compose_cfg(*NATIONAL, "tracking=none", "memory.limit=30MiB"))
+    fewer = run(compose_cfg(*NATIONAL, "tracking=none", "hw=cpu", "memory.limit=30MiB"))
     assert fewer.metrics["windows_per_batch"] == 1 and fewer.metrics["groups_per_batch"] < 48
     assert relative(fewer.coef, free.coef) <= 1e-12
 

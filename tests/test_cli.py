@@ -84,12 +84,12 @@ def test_a_limit_that_leaves_cg_a_few_rows_refuses_and_the_limit_it_names_plans_
     rows only: such a plan would rebuild the design thousands of times per product (a capped run went on
     for more than 10 minutes). It exits 2 naming memory.min_chunk_rows and the limit that holds 1,024
     rows; at that limit the plan keeps 1,024 rows per chunk. (mode=plan: nothing is fitted.)"""
-    done = tamrun("mode=plan", "model=forest", "memory.limit=4MiB", cwd=tmp_path)
+    done = tamrun("mode=plan", "model=forest", "hw=cpu", "memory.limit=4MiB", cwd=tmp_path)  # the CPU's budget
     assert done.returncode == 2, done.stdout + done.stderr
     assert "(one group, 1024 rows, " in done.stderr and "or lower memory.min_chunk_rows (a slower fit)" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     named = float(re.search(r"raise memory.limit to at least ([0-9.]+) MiB", done.stderr).group(1))
-    planned = tamrun("mode=plan", "model=forest", f"memory.limit={named + 0.01:.2f}MiB", cwd=tmp_path)
+    planned = tamrun("mode=plan", "model=forest", "hw=cpu", f"memory.limit={named + 0.01:.2f}MiB", cwd=tmp_path)
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert "route: cg" in planned.stdout and "fit chunks: 1 groups x 1024 rows" in planned.stdout
 

@@ -24,7 +24,8 @@ PROCESSES = 8
 def test_eight_cli_runs_on_one_fresh_store(tmp_path, csv_path):
     db = tmp_path / "store" / "mlflow.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_"))}
-    argv = [sys.executable, "-m", "tamrun", f"tracking.uri=sqlite:///{db}", "tracking.log_plots=false",
+    # hw=cpu: bitwise-equal results across processes are the CPU's (a GPU's need hw.deterministic=true)
+    argv = [sys.executable, "-m", "tamrun", f"tracking.uri=sqlite:///{db}", "tracking.log_plots=false", "hw=cpu",
             *csv_overrides(csv_path), "+model.effects.f={kind: forest, column: x, others: [dow], n_trees: 5, max_depth: 3}"]
     started = time.monotonic()
     procs = []

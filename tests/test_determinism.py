@@ -1,6 +1,6 @@
 """Same config and seed -> bitwise-equal coefficients and metrics on the CPU (in one process here;
-across processes in tests/test_concurrency.py). On CUDA (skipped without it): equal within 1e-10, and
-bitwise with hw.deterministic=true."""
+across processes in tests/test_concurrency.py). On CUDA (skipped without it): bitwise with
+hw.deterministic=true; without it within 1e-10 on the direct route and within CG's tolerance on CG."""
 
 from __future__ import annotations
 
@@ -53,9 +53,14 @@ def test_another_seed_changes_the_forests(compose_cfg, csv_path):
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("name", ["forests-direct", "forests-cg"])
 def test_same_config_and_seed_on_cuda(compose_cfg, csv_path, name, deterministic):
+    """hw.deterministic=true: bitwise. Without it, GPU sums add in a varying order: the direct route's
+    coefficients agree within 1e-10; CG stops each run at its own iterate within solver.tol (1e-6), so
+    its coefficients agree to about the tolerance (2e-7 measured on an H100) and its test RMSE to 1e-6."""
     first, second = _twice(compose_cfg, csv_path, [*CONFIGS[name], f"hw.deterministic={str(deterministic).lower()}"],
                            device="cuda")
     if deterministic:
         assert torch.equal(first.coef, second.coef)
+        assert comparable(first.metrics) == comparable(second.metrics)
     rel = torch.linalg.vector_norm(first.coef - second.coef, dim=1) / torch.linalg.vector_norm(second.coef, dim=1)
-    assert float(rel.max()) <= 1e-10
+    assert float(rel.max()) <= (1e-10 if name.endswith("direct") else 1e-5)
+    assert first.metrics["rmse_test"] == pytest.approx(second.metrics["rmse_test"], rel=1e-6)

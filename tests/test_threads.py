@@ -115,8 +115,8 @@ def test_a_parallel_sweep_gives_each_job_half_the_cores(tmp_path, csv_path, monk
     (without an OMP_NUM_THREADS of the caller's, which would cap it)."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     sweep_dir = tmp_path / "sweep"
-    done = tamrun("-m", "hydra/launcher=parallel", "tracking=none", f"hydra.sweep.dir={sweep_dir}",
-                  *csv_overrides(csv_path), "seed=1,2", cwd=tmp_path)
+    done = tamrun("-m", "hydra/launcher=parallel", "tracking=none", "hw=cpu", f"hydra.sweep.dir={sweep_dir}",
+                  *csv_overrides(csv_path), "seed=1,2", cwd=tmp_path)  # threads are the CPU's
     assert done.returncode == 0, done.stdout + done.stderr
     cores, where = usable_cores()
     expected = f"threads: {max(1, cores // 2)} (2 jobs at once (joblib n_jobs=2) on {cores} usable cores ({where}))"

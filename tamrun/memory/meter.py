@@ -47,6 +47,15 @@ class TensorMeter(TorchDispatchMode):
         self._bound = 0  # live plus the bytes of charged storages freed since the last sweep
         self.peak = 0
 
+    def __exit__(self, exc_type, exc_value, traceback):
+        try:
+            return super().__exit__(exc_type, exc_value, traceback)
+        finally:
+            # Release the weak references now: one left to the interpreter's exit (a run ended by a signal
+            # keeps its frames) fails in torch's StorageWeakRef.__del__ with a traceback once torch is torn down.
+            self._storages.clear()
+            self._bound = 0
+
     @property
     def live(self) -> int:
         """The bytes of the charged storages alive now."""
