@@ -6,7 +6,7 @@ message, without a traceback; anything else is an internal error.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 LONGEST_VALUE = 160  # characters of a value's repr a message shows (a 5000-character path is cut)
 
@@ -43,6 +43,11 @@ class TamrunError(Exception):
         self.problem = problem
         self.fix = fix
         super().__init__(f"{field}={shown(value)}: {problem}. Fix: {fix}")
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled with its four arguments and its attributes (``run_id``): a sweep job's error crosses
+        processes (joblib, Ray, submitit), and Exception's own pickling would call ``cls(message)``."""
+        return type(self), (self.field, self.value, self.problem, self.fix), dict(self.__dict__)
 
     def report_line(self) -> str:
         """The line a command-line run ends with: ``tamrun: <kind> error: <field>=<value>: ... Fix: ...``."""
