@@ -120,6 +120,8 @@ def test_a_parallel_sweep_names_a_job_internal_error_and_the_other_job_finishes(
     tags = children[1].data.tags
     assert (tags["error_type"], tags["error_kind"]) == ("RuntimeError", "internal") and FAULT in tags["error"]
     assert tags["mlflow.parentRunId"] == parent.info.run_id and tags["sweep_job"] == "1"
+    run_log = client.download_artifacts(children[1].info.run_id, "logs/run.log", str(tmp_path / "job1"))
+    assert "Traceback (most recent call last)" in Path(run_log).read_text()  # its own run's, or the one recorded for it
     summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/summary.csv", str(tmp_path)))
     assert summary["status"].tolist() == ["FINISHED", "FAILED"]
     assert summary["error_type"].fillna("").tolist() == ["", "RuntimeError"]
