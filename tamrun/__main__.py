@@ -2,7 +2,10 @@
 
 Exit codes: 0 success; 2 bad input (config, data, device, memory limit, store: one readable message,
 no traceback unless ``hydra.verbose=true`` or TAMRUN_DEBUG=1); 130 / 143 interrupted by SIGINT /
-SIGTERM (the MLflow run is marked KILLED); 1 an internal error (with its traceback).
+SIGTERM (the MLflow run is marked KILLED); 1 an internal error (a bug: the line ``tamrun: internal
+error: <type>: <message> (a bug of tamrun's; traceback in <the job's log>)``, the run FAILED). A
+multirun's jobs run whatever another did; it exits 1 when a job ended on an internal error, else 2 when
+one did not finish, and its last line says which and why.
 """
 
 from __future__ import annotations
@@ -10,26 +13,30 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import List, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from tamrun.collector import ImportPause
+
+if TYPE_CHECKING:
+    from tamrun.tracking.sweep_failures import JobFailure
 
 REFUSED_HINT = ("tamrun: config error: Hydra refused the command line (message above). Fix: check the field's "
                 "spelling and type in docs/configuration.md (`python -m tamrun --cfg job` prints every field), "
                 "or pick an option listed by `python -m tamrun --help`\n")
 
 
-def run_job(cfg, failed: List[int], imports: Optional[ImportPause] = None) -> Optional[float]:
+def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None) -> Optional[float]:
     """One job of ``python -m tamrun`` (one run, or one job of a multirun): its objective for the
-    sweeper. Bad input exits 2 with one message; in a multirun the job fails alone (appended to
-    ``failed``, NaN to the sweeper) and the sweep goes on. ``imports``: the entry point's pause of the
-    garbage collector, settled once the run has loaded its libraries."""
+    sweeper. Bad input exits 2 with one message, an internal error exits 1 (`job_failed`); in a multirun
+    the job fails alone (appended to ``failed``, NaN to the sweeper) and the sweep goes on. ``imports``:
+    the entry point's pause of the garbage collector, settled once the run has loaded its libraries."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from tamrun.errors import ConfigError, TamrunError
+    from tamrun.errors import ConfigError
     from tamrun.runner import run
-    from tamrun.tracking.sweep import objective_name, record_refused_job, sweep_run_name, sweep_tags
+    from tamrun.tracking.sweep import objective_name, sweep_run_name, sweep_tags
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
@@ -46,17 +53,61 @@ def run_job(cfg, failed: List[int], imports: Optional[ImportPause] = None) -> Op
         if objective not in result.metrics:
             raise ConfigError("objective", objective, "this run logged no such metric",
                               f"use one of: {', '.join(sorted(result.metrics))}")
-    except TamrunError as exc:
-        if hydra_cfg.verbose or os.environ.get("TAMRUN_DEBUG"):
-            traceback.print_exc()
-        sys.stderr.write(exc.report_line())
-        if not multirun:
-            sys.exit(2)
-        failed.append(hydra_cfg.job.num)  # the sweep goes on: every job runs whatever another did
-        if exc.run_id is None:
-            record_refused_job(cfg, tags, exc, name)
+    except Exception as exc:  # bad input (a TamrunError) or a bug; a signal (KeyboardInterrupt) goes on up
+        failed.append(job_failed(exc, cfg, hydra_cfg, tags, name))
         return float("nan")
     return result.metrics[objective]
+
+
+def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], name: Optional[str]) -> JobFailure:
+    """Report the error that ended a job, from inside its ``except`` block. Bad input (a `TamrunError`):
+    its one line (the traceback too under ``hydra.verbose=true`` or TAMRUN_DEBUG=1). Anything else is a
+    bug: its traceback in the job's log (`tamrun.joblog`) and one line naming it and that log (a single
+    run also prints the traceback). A single run then exits, 2 or 1; a multirun's job records a FAILED
+    run if the error ended none, and the sweep goes on."""
+    from hydra.types import RunMode
+
+    from tamrun.errors import TamrunError, error_kind, internal_error_line
+    from tamrun.joblog import log_internal_error
+    from tamrun.tracking.sweep import record_failed_job
+    from tamrun.tracking.sweep_failures import job_failure
+
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    verbose = hydra_cfg.verbose or os.environ.get("TAMRUN_DEBUG")
+    internal = not isinstance(exc, TamrunError)
+    if internal:
+        log_path = log_internal_error(exc, Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}.log")
+        line = internal_error_line(exc, log_path)
+    else:
+        line = exc.report_line()
+    if verbose or (internal and not multirun):
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    sys.stderr.write(line)
+    if not multirun:
+        sys.exit(1 if internal else 2)
+    if getattr(exc, "run_id", None) is None:  # refused before its run started: a FAILED run of its own
+        record_failed_job(cfg, tags, exc, name)
+    return job_failure(hydra_cfg.job.num, "FAILED", error_kind(exc), type(exc).__name__)
+
+
+def refused_line(exc: SystemExit, started: bool) -> Optional[str]:
+    """The line that ends Hydra's exit 1 when Hydra refused the command line before any job started (a
+    bad override, an unknown option or field, a wrong type, a missing plugin); None for any other exit.
+    Hydra exits inside its handler of the error it reported, so that error is the exit's context: one of
+    Hydra's own (`hydra.errors.HydraException`: OverrideParseException, ConfigCompositionException,
+    MissingConfigException, InstantiationException) when it refused the command line. A job's error that
+    reached Hydra (from a launcher whose jobs run in other processes, where ``started`` stays empty) and a
+    sweep's own exit code (`tamrun.tracking.sweep_failures`) are not refusals."""
+    from hydra.errors import HydraException
+
+    from tamrun.config.plugins import missing_plugin
+
+    if exc.code != 1 or started:
+        return None
+    plugin = missing_plugin(exc.__context__)
+    if plugin is not None:
+        return plugin.report_line()
+    return REFUSED_HINT if isinstance(exc.__context__, HydraException) else None
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -71,7 +122,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     from omegaconf import DictConfig
 
     from tamrun.config.load import config_dir
-    from tamrun.config.plugins import missing_plugin
     from tamrun.config.store import register_configs
     from tamrun.tracking.signals import exit_code
 
@@ -79,7 +129,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.argv = [sys.argv[0], *argv]
     register_configs()
     started: List[bool] = []
-    failed: List[int] = []
+    failed: List[JobFailure] = []
 
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def app(cfg: DictConfig) -> Optional[float]:
@@ -88,19 +138,18 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     try:
         app()
-        if failed:  # jobs run in this process (basic launcher); others are counted by the sweep callback
-            sys.stderr.write(f"tamrun: sweep job(s) {', '.join(map(str, failed))} failed on bad input\n")
-            raise SystemExit(2)
+        if failed:  # jobs run in this process, no parent run to count them (SweepCallback counts the others)
+            from tamrun.tracking.sweep_failures import failure_exit_code, failure_line
+
+            sys.stderr.write(failure_line(failed, len(started)))
+            raise SystemExit(failure_exit_code(failed))
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP as tamrun.tracking.signals.Terminated
         sys.stderr.write(f"tamrun: interrupted ({exc or 'SIGINT'}); the MLflow run, if started, is marked KILLED\n")
         raise SystemExit(exit_code(exc)) from None
     except SystemExit as exc:
-        # Hydra exits 1 on a bad override, an unknown config option or a missing plugin, before the job
-        # starts: that is bad input too.
-        if exc.code == 1 and not started:
-            # Hydra exits inside its handler of the error it reported: that error is the exit's context.
-            plugin = missing_plugin(exc.__context__)
-            sys.stderr.write(plugin.report_line() if plugin else REFUSED_HINT)
+        refused = refused_line(exc, bool(started))
+        if refused is not None:  # bad input too: exit 2
+            sys.stderr.write(refused)
             raise SystemExit(2) from None
         raise
     finally:

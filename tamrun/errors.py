@@ -1,12 +1,17 @@
 """User-facing errors: each names the field (or column), the offending value and the fix.
 
 Every subclass of `TamrunError` ends a command-line run with exit code 2 and one readable
-message, without a traceback; anything else is an internal error.
+message, without a traceback; anything else is an internal error (a bug of tamrun's, or of a library
+under it): exit code 1, one line naming it (`internal_error_line`) and its traceback in the job's log.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
+
+INTERNAL = "internal"  # the kind (`error_kind`) of an exception that is not a TamrunError
+INTERRUPTED = "interrupted"  # the kind of a KeyboardInterrupt (SIGINT, or SIGTERM/SIGHUP as Terminated)
+LOST = "lost"  # a sweep job whose process was lost (its worker or node died: tamrun.tracking.lost_jobs)
 
 LONGEST_VALUE = 160  # characters of a value's repr a message shows (a 5000-character path is cut)
 
@@ -44,6 +49,11 @@ class TamrunError(Exception):
         self.fix = fix
         super().__init__(f"{field}={shown(value)}: {problem}. Fix: {fix}")
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled with its four arguments and its attributes (``run_id``): a sweep job's error crosses
+        processes (joblib, Ray, submitit), and Exception's own pickling would call ``cls(message)``."""
+        return type(self), (self.field, self.value, self.problem, self.fix), dict(self.__dict__)
+
     def report_line(self) -> str:
         """The line a command-line run ends with: ``tamrun: <kind> error: <field>=<value>: ... Fix: ...``."""
         return f"tamrun: {self.kind} error: {self}\n"
@@ -78,3 +88,29 @@ class NumericalError(TamrunError):
     value beyond the dtype's range)."""
 
     kind = "numerical"
+
+
+def note_run(error: BaseException, run_id: Optional[str]) -> None:
+    """Note on ``error`` (as ``error.run_id``) the MLflow run it ended FAILED: a sweep job records a
+    FAILED run of its own only for an error that ended none. An exception that takes no attribute is
+    left as it is."""
+    try:
+        error.run_id = run_id  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass
+
+
+def error_kind(error: BaseException) -> str:
+    """What ended a run, as its ``error_kind`` tag and a sweep's summary say: a `TamrunError`'s kind
+    (config, data, device, memory, numerical: bad input), `INTERRUPTED` for a signal, else `INTERNAL`."""
+    if isinstance(error, TamrunError):
+        return error.kind
+    return INTERRUPTED if isinstance(error, KeyboardInterrupt) else INTERNAL
+
+
+def internal_error_line(error: BaseException, log_path: Any) -> str:
+    """The line an internal error is reported with: ``tamrun: internal error: <type>: <first line of its
+    message> (a bug of tamrun's; traceback in <log_path>)``."""
+    lines = str(error).strip().splitlines()
+    named = f"{type(error).__name__}: {lines[0][:LONGEST_VALUE]}" if lines else type(error).__name__
+    return f"tamrun: internal error: {named} (a bug of tamrun's; traceback in {log_path})\n"

@@ -17,7 +17,7 @@ from tamrun.adaptive.job import adaptive_job
 from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName
 from tamrun.device import DeviceManager
-from tamrun.errors import TamrunError
+from tamrun.errors import note_run
 from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
@@ -48,6 +48,8 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     Raises:
         tamrun.errors.TamrunError: bad config, data, device or memory limit (the MLflow run, if
             started, is left FAILED).
+        Exception: any other error is a bug (the MLflow run, if started, is left FAILED too). Either
+            error's ``run_id`` names the run it ended, if one had started (`tamrun.errors.note_run`).
     """
     config, specs = typed_config(cfg)
     torch.manual_seed(config.seed)
@@ -65,8 +67,8 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
                 prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
                 record_inputs(tracked, prepared)
                 result = TRACKED_JOBS[config.mode.name](prepared, tracked)
-        except TamrunError as error:
-            error.run_id = tracked.run_id  # the run this error ends FAILED
+        except Exception as error:  # bad input or a bug: the caller learns which run the error ended FAILED
+            note_run(error, tracked.run_id)
             raise
         result.run_id = tracked.run_id
     return result

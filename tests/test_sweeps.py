@@ -184,17 +184,21 @@ def test_a_bad_middle_job_fails_alone_and_the_sweep_exits_non_zero(tmp_path, csv
     done = tamrun("-m", *sweep_args(csv_path, store, sweep_dir), f"{key}={good},{value},{good}",
                   "tracking.log_plots=false", "tracking.log_model=false", cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "1 of 3 sweep job(s) did not finish (job(s) 1)" in done.stderr and "Traceback" not in done.stderr
+    kind, error = ("config", "ConfigError") if key == "model.intercept_ap" else ("data", "DataError")
+    assert done.stderr.splitlines()[-1].startswith(f"tamrun: 1 of 3 sweep job(s) did not finish (job 1: {kind} error "
+                                                   f"{error}); summary in run "), done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
     client, parent, children = sweep_runs(store, sweep_dir)
     assert [r.info.status for r in children] == ["FINISHED", "FAILED", "FINISHED"]
-    assert children[1].data.tags["error_type"] in ("ConfigError", "DataError") and value in children[1].data.tags["error"]
+    assert children[1].data.tags["error_type"] == error and value in children[1].data.tags["error"]
+    assert children[1].data.tags["error_kind"] == kind
     summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/summary.csv", str(tmp_path)))
     assert summary["job"].tolist() == [0, 1, 2] and summary["status"].tolist() == ["FINISHED", "FAILED", "FINISHED"]
     assert parent.info.status == "FAILED"
     # the values repeat (good, bad, good): the job number keeps the names apart
     label = key.rsplit(".", 1)[1]
     assert [r.info.run_name for r in children] == [f"{label}={good} #0", f"{label}={value} #1", f"{label}={good} #2"]
-    assert summary["error_type"].tolist()[1] == children[1].data.tags["error_type"]
+    assert summary["error_type"].tolist()[1] == error and summary["error_kind"].tolist()[1] == kind
     assert parent.data.metrics["sweep_failed_jobs"] == 1
     assert parent.data.tags["sweep_failed_jobs"] == "1 of 3 (job(s) 1)"
     assert "2 finished, 1 did not (job 1 FAILED)" in parent.data.tags["mlflow.note.content"]

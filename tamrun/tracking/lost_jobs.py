@@ -14,8 +14,9 @@ from typing import List
 
 from omegaconf import DictConfig
 
+from tamrun.errors import LOST
 from tamrun.tracking.stale import REASON
-from tamrun.tracking.sweep import (SWEEP_ID_TAG, SWEEP_JOB_TAG, read_sweep_file, record_refused_job, sweep_run_name,
+from tamrun.tracking.sweep import (SWEEP_ID_TAG, SWEEP_JOB_TAG, read_sweep_file, record_failed_job, sweep_run_name,
                                    sweep_tags)
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,10 @@ def record_lost_job(config: DictConfig, job_num: int, overrides: List[str], reas
         client.set_tag(run.info.run_id, LOST_REASON, reason)
         if run.info.status == "RUNNING":
             client.set_tag(run.info.run_id, REASON, reason)
+            client.set_tag(run.info.run_id, "error_kind", LOST)
             client.set_terminated(run.info.run_id, status="KILLED")
             log.warning("sweep job #%d: run %s marked KILLED: %s", job_num, run.info.run_id, reason)
     if not runs:
         tags = {**sweep_tags(sweep_dir, job_num, overrides), LOST_REASON: reason}
-        record_refused_job(config, tags, RuntimeError(reason), sweep_run_name(sweep_dir, job_num, overrides, config))
+        record_failed_job(config, tags, RuntimeError(reason), sweep_run_name(sweep_dir, job_num, overrides, config),
+                           kind=LOST)

@@ -1,7 +1,8 @@
 """One MLflow run's lifecycle through an explicit `MlflowClient` (no fluent global state).
 
 The store defaults to ``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run ends
-FINISHED on success, FAILED on any exception (with the error as tags) and KILLED on an interrupt
+FINISHED on success, FAILED on any exception (with the error as tags: ``error_type``, ``error`` and
+``error_kind``, bad input's kind or ``internal``: `tamrun.errors.error_kind`) and KILLED on an interrupt
 (SIGINT, or SIGTERM/SIGHUP, raised as `tamrun.tracking.signals.Terminated` while the run is open).
 A signal never lands inside a store call (`tamrun.tracking.signals.signals_deferred`): one during the
 run's creation ends the created run KILLED, one while its end is written makes that end KILLED.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from tamrun.config.schema import TrackingConfig
-from tamrun.errors import ConfigError
+from tamrun.errors import INTERRUPTED, ConfigError, error_kind
 from tamrun.tracking.params import to_params
 from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.secrets import env_uri, masked
@@ -188,6 +189,7 @@ class TrackedRun:
             if exc is not None:
                 self.client.set_tag(self.run_id, "error_type", exc_type.__name__)
                 self.client.set_tag(self.run_id, "error", masked(str(exc))[:5000])
+                self.client.set_tag(self.run_id, "error_kind", error_kind(exc))
             self.client.log_text(self.run_id, masked(text), "logs/run.log")
         except Exception as error:  # the store or artifact folder failed too: the status still matters
             log.error("could not record the error or the log of run %s: %s", self.run_id, error)
@@ -195,6 +197,7 @@ class TrackedRun:
             self.client.set_terminated(self.run_id, status=status)
         if deferral.received is not None and status != "KILLED":  # a signal came while the end was written
             self.client.set_tag(self.run_id, "error_type", type(interrupt(deferral.received)).__name__)
+            self.client.set_tag(self.run_id, "error_kind", INTERRUPTED)
             self.client.set_terminated(self.run_id, status="KILLED")
 
     # ---- logging ---------------------------------------------------------------------------------

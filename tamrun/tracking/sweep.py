@@ -19,6 +19,7 @@ import atexit
 import json
 import logging
 import sys
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -33,6 +34,7 @@ from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
 from tamrun.tracking.plots import sweep_objective_figure
 from tamrun.tracking.secrets import masked
+from tamrun.tracking.sweep_failures import failure_exit_code, failure_line, table_failures
 from tamrun.tracking.sweep_names import SweptKeys, job_run_name, job_values, swept_keys, value_tag, value_tags
 from tamrun.tracking.ui_view import runs_table_url, store_runs_view
 
@@ -105,35 +107,42 @@ def sweep_plan(config: DictConfig) -> SweptKeys:
                       grid=str(sweeper.get("_target_", "")).endswith("BasicSweeper"))
 
 
-def record_refused_job(config: DictConfig, tags: Dict[str, str], error: Exception,
-                       run_name: Optional[str] = None) -> None:
-    """A FAILED run for a sweep job refused before its own run started (bad input found by the config
-    checks), so that the job has a status of its own and the parent's summary lists it."""
-    from tamrun.errors import TamrunError
+def record_failed_job(config: DictConfig, tags: Dict[str, str], error: BaseException,
+                       run_name: Optional[str] = None, kind: Optional[str] = None) -> None:
+    """A FAILED run for a sweep job that ended before its own run started (bad input found by the config
+    checks, an internal error, a lost worker), so that the job has a status of its own and the parent's
+    summary lists it: tags ``error_type``, ``error`` and ``error_kind`` (``kind``, else
+    `tamrun.errors.error_kind`), and an internal error's traceback as ``logs/run.log``. Recording it
+    never raises: a failure to record is a warning."""
+    from tamrun.errors import INTERNAL, error_kind
     from tamrun.tracking.mlflow_run import TrackedRun
 
     try:
         settings = tracking_settings(config)
     except Exception as exc:  # the tracking group itself is the bad input: nowhere to record the job
-        log.warning("the refused job could not be recorded (%s)", exc)
+        log.warning("the failed job could not be recorded (%s)", exc)
         return
     if not settings.enabled:
         return
     name = run_name or default_run_name(config)
+    kind = kind or error_kind(error)
     tracked = TrackedRun(settings, run_name=name, tags={**tags, "error_type": type(error).__name__,
-                                                        "error": str(error)[:5000]})
+                                                        "error": str(error)[:5000], "error_kind": kind})
     try:
         tracked.start_detached()
+        if kind == INTERNAL:
+            tracked.log_text("".join(traceback.format_exception(type(error), error, error.__traceback__)),
+                             "logs/run.log")
         tracked.client.set_terminated(tracked.run_id, status="FAILED")
-    except TamrunError as exc:
-        log.warning("the refused job could not be recorded (%s)", exc)
+    except Exception as exc:  # the store refused (a TamrunError) or failed: the job's own error matters more
+        log.warning("the failed job could not be recorded (%s)", exc)
 
 
 def summary_table(client: Any, experiment_id: str, sweep_id: str, parent_run_id: Optional[str],
                   swept: Sequence[str] = ()) -> pd.DataFrame:
     """One row per job of the sweep (job number order): run id and name, status, its value of each
-    swept key (a column named by the key), overrides, error type (a job that failed on bad input) and
-    metrics."""
+    swept key (a column named by the key), overrides, error type and kind (a job that failed: on bad
+    input, ``config``, ``data``...; on a bug, ``internal``) and metrics."""
     runs = client.search_runs([experiment_id], filter_string=f"tags.{SWEEP_ID_TAG} = '{sweep_id}'",
                               max_results=10_000)
     rows = []
@@ -143,10 +152,11 @@ def summary_table(client: Any, experiment_id: str, sweep_id: str, parent_run_id:
         tags, metrics = run.data.tags, run.data.metrics
         row = {"job": int(tags.get(SWEEP_JOB_TAG, -1)), "run_id": run.info.run_id, "run_name": run.info.run_name,
                "status": run.info.status, **{key: tags.get(value_tag(key)) for key in swept},
-               "overrides": tags.get("sweep_overrides", ""), "error_type": tags.get("error_type", "")}
+               "overrides": tags.get("sweep_overrides", ""), "error_type": tags.get("error_type", ""),
+               "error_kind": tags.get("error_kind", "")}
         row.update({name: metrics[name] for name in SUMMARY_METRICS if name in metrics})
         rows.append(row)
-    columns = ["job", "run_id", "run_name", "status", *swept, "overrides", "error_type"]
+    columns = ["job", "run_id", "run_name", "status", *swept, "overrides", "error_type", "error_kind"]
     table = pd.DataFrame(rows, columns=[*columns, *(n for n in SUMMARY_METRICS if any(n in r for r in rows))])
     return table.sort_values("job").reset_index(drop=True)
 
@@ -214,7 +224,9 @@ class SweepCallback(Callback):
             resume_paused_collection()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """Close the parent run; a sweep with a job that did not finish exits with code 2."""
+        """Close the parent run; a sweep with a job that did not finish ends with a line that says which
+        and why, and exits with code 1 when a bug of tamrun's ended one, else 2
+        (`tamrun.tracking.sweep_failures`)."""
         info = read_sweep_file(str(config.hydra.sweep.dir))
         self._open = None
         if not info.get("parent_run_id"):
@@ -223,11 +235,10 @@ class SweepCallback(Callback):
 
         info["tracking_uri"] = tracking_uri(tracking_settings(config))
         table = close_sweep(info)
-        failed = table[table["status"] != "FINISHED"]
-        if len(failed):
-            sys.stderr.write(f"tamrun: {len(failed)} of {len(table)} sweep job(s) did not finish (job(s) "
-                             f"{', '.join(str(j) for j in failed['job'])}); summary in run {info['parent_run_id']}\n")
-            raise SystemExit(2)
+        failures = table_failures(table)
+        if failures:
+            sys.stderr.write(failure_line(failures, len(table), info["parent_run_id"]))
+            raise SystemExit(failure_exit_code(failures))
 
     def _close_abandoned(self) -> None:
         if self._open is not None:

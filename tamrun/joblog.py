@@ -1,0 +1,42 @@
+"""An internal error's traceback in the job's log file, not on the console.
+
+Hydra's job logging writes every record of a job to ``<hydra.runtime.output_dir>/<hydra.job.name>.log``
+(``outputs/<date>/<time>/tamrun.log`` for a run, ``<sweep dir>/<job>/tamrun.log`` for a sweep's job, in
+whichever process or node ran it). `log_internal_error` hands the error's record, traceback included, to
+the file handlers of the root logger only: the console keeps the one line that names the error and this
+file (`tamrun.errors.internal_error_line`). With no file handler (``hydra/job_logging=disabled``, a
+configuration of one's own) the traceback is appended to the default path itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from pathlib import Path
+from typing import List
+
+log = logging.getLogger(__name__)
+
+
+def file_handlers() -> List[logging.FileHandler]:
+    """The root logger's handlers that write to a file (Hydra's job log among them)."""
+    return [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+
+
+def log_internal_error(error: BaseException, default_path: Path) -> Path:
+    """Write ``error`` with its traceback to the job's log file; returns that file's path (the first file
+    handler's, else ``default_path``, created if need be)."""
+    exc_info = (type(error), error, error.__traceback__)
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "internal error (a bug of tamrun's): %s",
+                            (type(error).__name__,), exc_info)
+    handlers = file_handlers()
+    for handler in handlers:
+        if record.levelno >= handler.level:
+            handler.handle(record)
+    if handlers:
+        return Path(handlers[0].baseFilename)
+    default_path.parent.mkdir(parents=True, exist_ok=True)
+    with default_path.open("a", encoding="utf-8") as file:
+        file.write(f"internal error (a bug of tamrun's): {type(error).__name__}\n")
+        file.write("".join(traceback.format_exception(*exc_info)))
+    return default_path
