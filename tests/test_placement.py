@@ -255,4 +255,6 @@ def test_deterministic_runs_refuse_an_operation_without_a_deterministic_kernel(c
     plain = run(compose_cfg(*overrides))
     assert torch.equal(first.coef, second.coef)
     rel = torch.linalg.vector_norm(first.coef - plain.coef, dim=1) / torch.linalg.vector_norm(plain.coef, dim=1)
-    assert float(rel.max()) <= 1e-10  # the slot-by-slot sums add the same terms in another order
+    # the slot-by-slot sums add the same terms in another order than the sparse products: 0 measured on
+    # this CPU, 1.9e-10 on an H100 (float64, the Grams of three forests)
+    assert float(rel.max()) <= 1e-9

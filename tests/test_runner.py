@@ -52,9 +52,13 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     assert not {"memory.dense_fraction", "tracking.uri", "adaptive.window", "route_reason", "chunk_groups",
                 "progress"} & set(params), sorted(params)
     assert logged.data.tags["route_reason"].startswith("D=")
-    # a single run's torch threads: every usable core (at most OMP_NUM_THREADS), and why (tamrun.threads)
+    # a single run's torch threads on the CPU: every usable core (at most OMP_NUM_THREADS), and why
+    # (tamrun.threads); on a GPU torch's CPU threads are not set, nor tagged
     threads = job_threads(None)
-    assert (logged.data.tags["threads"], logged.data.tags["threads_reason"]) == (str(threads.count), threads.reason)
+    if logged.data.tags["device_kind"] == "cpu":
+        assert (logged.data.tags["threads"], logged.data.tags["threads_reason"]) == (str(threads.count), threads.reason)
+    else:
+        assert "threads" not in logged.data.tags
     assert "single run: all " in threads.reason
     inputs = {i.tags[0].value: i.dataset for i in logged.inputs.dataset_inputs}  # context -> dataset
     assert set(inputs) == {"training", "testing"} and inputs["testing"].name == "national"
