@@ -64,8 +64,9 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     assert set(inputs) == {"training", "testing"} and inputs["testing"].name == "national"
     assert json.loads(inputs["testing"].profile)["num_rows"] == 17_568 and inputs["testing"].digest != inputs["training"].digest
     assert json.loads(inputs["training"].source)["uri"].endswith("force_national.csv.gz")
-    assert params["memory_bound_by"] == result.plan.bound_by  # the limit the plan fitted under: on the CPU one of
-    host_limits = ("available RAM", "cgroup", "RLIMIT_AS", "RLIMIT_DATA")  # the host's (the RAM, typically), on a
+    # the limit the plan fitted under: on the CPU one of the host's (the RAM, typically), on a GPU its memory
+    assert params["memory_bound_by"] == result.plan.bound_by
+    host_limits = ("available RAM", "cgroup", "RLIMIT_AS", "RLIMIT_DATA")
     assert result.plan.bound_by in (host_limits if logged.data.tags["device_kind"] == "cpu" else ("device memory",))
     metrics = logged.data.metrics
     for name in ("rmse_train", "rmse_test", "mape_train", "mape_test", "fit_seconds", "predict_seconds",
