@@ -190,7 +190,21 @@ def test_a_sweep_runs_under_the_check(tmp_path, csv_path):
 
 # ---- the GPU's own rules, checked without one ----------------------------------------------------
 
-def test_the_compute_device_has_an_index_and_the_host_none():
+def test_every_device_is_made_with_its_index_but_the_host():
+    """A compute device is made with its index (compute_device: ``cuda:0``): a ``torch.device(kind)`` without
+    one is what torch.cuda's calls refuse (memory.limit crashed on CUDA with it). Only the host is named
+    without an index; tamrun/placement.py reads devices that code under the check names, so it is not
+    scanned."""
+    made = []
+    for path in Path(tamrun.__file__).parent.rglob("*.py"):
+        if path.name == "placement.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.device":
+                made.append((path.name, ast.unparse(node)))
+    assert len(made) >= 3
+    unindexed = [(name, call) for name, call in made if "," not in call]
+    assert not unindexed, unindexed
     checked = DeviceManager("cpu", check_placement=True)
     assert checked.device == CHECK_DEVICE and checked.device.index == 0
     assert DeviceManager("cpu").device == HOST

@@ -27,6 +27,7 @@ from tamrun.fitted import FittedModel
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop
 from tamrun.memory.units import format_size
+from tamrun.placement import HOST
 
 
 @dataclass
@@ -131,7 +132,7 @@ def filter_cost(data: FilterInputs, pairs: int, keep_weights: bool) -> StepCost:
 
 def run_filters(data: FilterInputs, pairs: Sequence[Tuple[float, float]], split_day: int, loop: ChunkLoop,
                 budget: int, overhead: float, keep_weights: bool = False,
-                device: torch.device = torch.device("cpu")) -> FilterRun:
+                device: torch.device = HOST) -> FilterRun:
     """Filter every group under every (q, p0) pair on ``device``, as many groups at once as ``budget`` bytes
     hold (each chunk under the guard of ``loop``: an OOM retries it with fewer groups); results on the CPU."""
     n_groups, n_days, n_rows, k = data.inputs.shape

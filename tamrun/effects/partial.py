@@ -9,9 +9,10 @@ import torch
 
 from tamrun.data.batch import GroupedBatch
 from tamrun.fitted import FittedModel, predict_rows
+from tamrun.placement import HOST
 
 
-def partial_effect_curves(model: FittedModel, train: GroupedBatch, device: torch.device = torch.device("cpu"),
+def partial_effect_curves(model: FittedModel, train: GroupedBatch, device: torch.device = HOST,
                           points: int = 100, max_levels: int = 30) -> List[dict]:
     """For every effect, its contribution (G, n) along ``points`` values spanning the training range of
     its first column (or along the column's levels when it has at most ``max_levels`` values), the
