@@ -244,7 +244,8 @@ def test_a_gpus_out_of_memory_names_the_gpus_memory_not_the_ram():
             raise torch.AcceleratorError("CUDA error: out of memory")
     message = refused.value.report_line()
     assert message.startswith("tamrun: memory error: GPU memory='400.00 MiB free of 80.00 GiB'")
-    for part in ("other processes hold 79.00 GiB (pid 4321", "CUDA context takes 500.00 MiB", "hw=cpu"):
+    for part in ("the GPU NVIDIA H100 80GB HBM3 has 400.00 MiB free of 80.00 GiB; other processes hold 79.00 GiB "
+                 "(pid 4321", "CUDA context takes 500.00 MiB", "hw=cpu"):
         assert part in message
     assert "RAM" not in message
     with pytest.raises(MemoryBudgetError) as host:  # the CPU allocator's failure still names the host's limit
@@ -272,3 +273,8 @@ def test_deterministic_runs_refuse_an_operation_without_a_deterministic_kernel(c
     # the slot-by-slot sums add the same terms in another order than the sparse products: 0 measured on
     # this CPU, 1.9e-10 on an H100 (float64, the Grams of three forests)
     assert float(rel.max()) <= 1e-9
+
+
+def test_the_placement_check_needs_the_cpu(compose_cfg):
+    with pytest.raises(ConfigError, match=r"hw.check_placement=True: the placement check runs on the CPU"):
+        typed_config(compose_cfg("hw=cuda", "hw.check_placement=true"))

@@ -99,6 +99,9 @@ def _check_hw(cfg: Config) -> None:
     bad = [d for d in hw.preference if d not in known]
     _require(not bad and len(hw.preference) > 0, "hw.preference", list(hw.preference),
              "unknown device in the preference list", "list devices among cuda, mps, xpu, cpu")
+    _require(not hw.check_placement or hw.device.value == "cpu", "hw.check_placement", True,
+             f"the placement check runs on the CPU (as a device of its own), not with hw.device={hw.device.value}",
+             "use hw=check (the CPU, checked), or hw.check_placement=false")
 
 
 def _check_data(cfg: Config) -> None:

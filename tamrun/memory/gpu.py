@@ -47,9 +47,8 @@ class GpuMemory:
 
     def describe(self) -> str:
         """One sentence: free of total, the other processes' share, this process's context and tensors."""
-        parts = [f"the GPU {self.name}"]
-        if self.free is not None and self.total is not None:
-            parts.append(f"has {format_size(self.free)} free of {format_size(self.total)}")
+        parts = [f"the GPU {self.name}" + (f" has {format_size(self.free)} free of {format_size(self.total)}"
+                                           if self.free is not None and self.total is not None else "")]
         if self.others:
             held = sum(nbytes for _, nbytes in self.others)
             listed = ", ".join(f"pid {pid}: {format_size(nbytes)}" for pid, nbytes in self.others[:5])
