@@ -40,3 +40,9 @@ def test_the_view_merges_the_objective_and_keeps_earlier_sweeps(tmp_path):
     assert columns[9:11] == ["tags.`sweep.model.effects.toy.m`", "tags.`sweep.model`"]  # the newest sweep first
     assert RunsView.parse(json.dumps(stored())) == RunsView(("rmse_validation",), ("sweep.model.effects.toy.m",
                                                                                    "sweep.model"))
+
+
+def test_a_view_of_an_earlier_tamrun_keeps_its_swept_values_only():
+    earlier = {"selectedColumns": ["attributes.`Dataset`", "metrics.`rmse_validation`", "metrics.`peak_memory_bytes`",
+                                   "params.`route`", "tags.`sweep.model`"]}  # fixed metrics, no columnOrder
+    assert RunsView.parse(json.dumps(earlier)) == RunsView((), ("sweep.model",))

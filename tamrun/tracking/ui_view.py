@@ -77,14 +77,17 @@ class RunsView:
 
     @classmethod
     def parse(cls, stored: Optional[str]) -> "RunsView":
-        """The view stored as the tag's JSON (an empty view when there is none, or it is not readable)."""
+        """The view stored as the tag's JSON (an empty view when there is none, or it is not readable;
+        the objectives of a view older than ``columnOrder``, whose metrics were fixed, are not kept)."""
         try:
-            columns = json.loads(stored or "{}").get("selectedColumns") or []
+            view = json.loads(stored or "{}")
+            columns = view.get("selectedColumns") or []
         except (ValueError, AttributeError):
             return cls()
-        metrics = [c[len("metrics.`"):-1] for c in columns if c.startswith("metrics.`")]
+        metrics = [c[len("metrics.`"):-1] for c in columns if c.startswith("metrics.`") and "columnOrder" in view]
         tags = [c[len("tags.`"):-1] for c in columns if c.startswith("tags.`")]
-        return cls(tuple(m for m in metrics if m not in DECISIVE_METRICS and column("metrics", m) not in TRAILING_COLUMNS),
+        trailing = [name for name in metrics if column("metrics", name) in TRAILING_COLUMNS]
+        return cls(tuple(m for m in metrics if m not in DECISIVE_METRICS and m not in trailing),
                    tuple(t for t in tags if t.startswith(SWEEP_TAG_PREFIX)))
 
 
