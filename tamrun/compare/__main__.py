@@ -56,6 +56,8 @@ def report(args: argparse.Namespace) -> str:
     from tamrun.tracking.secrets import masked
     from tamrun.tracking.ui_view import runs_table_url, ui_base
 
+    if args.last < 1:
+        raise ConfigError("--last", args.last, "no run to show", "give -n a count of 1 or more")
     client = open_store(args.store)
     experiment = client.get_experiment_by_name(args.experiment)
     if experiment is None:
