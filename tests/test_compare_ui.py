@@ -37,6 +37,7 @@ SWEPT_TAG = "tags.`sweep.model.effects.toy.m`"
 DECISIVE = [RUN_NAME_COLUMN, CREATED_COLUMN, "metrics.`rmse_test`", "metrics.`mape_test`", "metrics.`fit_seconds`",
             "metrics.`peak_memory_mib`", "params.`route`", "tags.`device`", SWEPT_TAG]
 QUICK = ["tracking.log_plots=false", "progress=off"]
+PAGE_TIMEOUT_MS = 120_000  # MLflow's UI loading on two busy cores
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +135,10 @@ def test_the_runs_link_shows_the_decisive_columns_without_scrolling(folder):
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})  # a fresh profile: no saved view
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
             page.goto(runs_table_url(uri, experiment.experiment_id))
-            page.get_by_text("MLflow Assistant").first.wait_for(timeout=60_000)  # the side panel is open
-            page.locator(f'.ag-header-cell[col-id="{SWEPT_TAG}"]').wait_for(timeout=60_000)
+            page.get_by_text("MLflow Assistant").first.wait_for(timeout=PAGE_TIMEOUT_MS)  # the side panel is open
+            page.locator(f'.ag-header-cell[col-id="{SWEPT_TAG}"]').wait_for(timeout=PAGE_TIMEOUT_MS)
             try:  # the view's order and widths are applied once the runs' columns exist: wait for it
                 page.wait_for_function(f"({OUTSIDE_JS})({json.dumps(DECISIVE)}).length === 0", timeout=30_000)
             except Exception:
@@ -150,7 +152,7 @@ def test_the_runs_link_shows_the_decisive_columns_without_scrolling(folder):
             sweep_row = page.locator(".ag-pinned-left-cols-container .ag-row", has_text="sweep-")
             sweep_row.locator(f'[col-id="{RUN_NAME_COLUMN}"] button').click()  # the parent's expander lists its jobs
             page.wait_for_function(f"document.querySelectorAll('.ag-pinned-left-cols-container "
-                                   f"[col-id=\"{RUN_NAME_COLUMN}\"] a').length >= {len(expected)}", timeout=30_000)
+                                   f"[col-id=\"{RUN_NAME_COLUMN}\"] a').length >= {len(expected)}", timeout=60_000)
             names = run_names(page)
         finally:
             browser.close()
