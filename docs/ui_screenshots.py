@@ -1,9 +1,10 @@
 """Screenshots of the MLflow UI, taken by headless Chromium against a real `mlflow server`.
 
 Starts `mlflow server` on 127.0.0.1 with a fresh sqlite store in a temporary folder, records a
-two-job sweep into it over HTTP (python -m tamrun -m tracking.uri=http://127.0.0.1:PORT ...), and
-saves as PNGs the experiment's run list, opened at the link every run logs (tamrun's shared view of
-the runs table: no column picked by hand), and the comparison of the two runs:
+two-job sweep and a plain run into it over HTTP (python -m tamrun [-m] tracking.uri=http://127.0.0.1:PORT
+...), and saves as PNGs, 1600 pixels wide with MLflow's assistant panel open as a new user finds it, the
+experiment's run list, opened at the link every run logs (tamrun's shared view of the runs table: no
+column picked by hand), and the comparison of the sweep's two runs:
 
     python docs/ui_screenshots.py --out docs/img [--port 5077] [--chromium chromium]
 
@@ -32,6 +33,8 @@ from tamrun.tracking.ui_view import runs_table_url
 log = logging.getLogger("ui_screenshots")
 
 JOBS = ["model=fourier,spline"]  # the two runs to compare
+PLAIN = ["model.effects.toy.m=8"]  # a plain run beside the sweep: its name says what it changed
+WIDTH = 1600
 # A tracking-only server: MLflow's job execution (GenAI scoring, trace archival) would keep both cores
 # busy for about 6 s after /health answers, and the first job's fit_seconds would show it.
 TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -50,12 +53,12 @@ def wait_for(url: str, seconds: float) -> None:
     raise TimeoutError(f"{url} did not answer within {seconds:.0f} s")
 
 
-METRICS = ["rmse_test", "fit_seconds", "peak_memory_bytes", "oom_retries"]  # the compare view's plot
+METRICS = ["rmse_test", "fit_seconds", "peak_memory_mib", "oom_retries"]  # the compare view's plot
 
 
 def open_page(browser, url: str, height: int):
     """A fresh browser page (no saved view: what a new user sees) at ``url``."""
-    page = browser.new_page(viewport={"width": 2200, "height": height})
+    page = browser.new_page(viewport={"width": WIDTH, "height": height})
     page.goto(url)
     return page
 
@@ -70,11 +73,12 @@ def close_assistant(page) -> None:
 def run_list(browser, base: str, experiment: str, path: Path) -> None:
     """The experiment's runs at the link every tamrun run logs (its columns are tamrun's shared view:
     nothing picked by hand), the sweep's parent expanded to list its jobs."""
-    page = open_page(browser, runs_table_url(base, experiment), 520)
-    page.get_by_text("sweep-", exact=False).first.wait_for(timeout=60_000)
-    close_assistant(page)
-    parent = page.get_by_text("sweep-", exact=False).first.bounding_box()
-    page.mouse.click(parent["x"] - 32, parent["y"] + parent["height"] / 2)  # the row's expand toggle
+    page = open_page(browser, runs_table_url(base, experiment), 560)
+    page.locator('.ag-header-cell[col-id="tags.`sweep.model`"]').wait_for(timeout=60_000)
+    row = page.locator(".ag-pinned-left-cols-container .ag-row", has_text="sweep-")
+    row.locator('[col-id="attributes.`Run Name`"] button').click()  # the row's expand toggle
+    page.wait_for_function("document.querySelectorAll('.ag-pinned-left-cols-container "
+                           "[col-id=\"attributes.`Run Name`\"] a').length >= 4", timeout=60_000)  # its two jobs
     page.wait_for_timeout(1500)
     page.screenshot(path=str(path))
     log.info("saved %s", path)
@@ -128,9 +132,10 @@ def main(argv: List[str] | None = None) -> None:
         try:
             wait_for(f"{base}/health", 120)
             env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
-            subprocess.run([sys.executable, "-m", "tamrun", "-m", f"tracking.uri={base}",
-                            f"tracking.experiment={args.experiment}", "progress=log", f"hydra.sweep.dir={tmp}/sweep",
-                            *JOBS], check=True, timeout=600, env=env, cwd=tmp)
+            for mode in (["-m", f"hydra.sweep.dir={tmp}/sweep", *JOBS], PLAIN):
+                subprocess.run([sys.executable, "-m", "tamrun", *mode, f"tracking.uri={base}",
+                                f"tracking.experiment={args.experiment}", "progress=log"], check=True, timeout=600,
+                               env=env, cwd=tmp)
             with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
                                         f"{args.experiment}", timeout=30) as answer:
                 experiment = json.load(answer)["experiment"]["experiment_id"]

@@ -39,6 +39,14 @@ def device_available(kind: str) -> bool:
     return False
 
 
+def resolved_kind(requested: str, preference: Sequence[str]) -> str:
+    """The device kind a run asking for ``requested`` computes on: the first available of ``preference``
+    for ``auto``, else ``requested`` itself (`DeviceManager` refuses it when it is absent)."""
+    if requested == "auto":
+        return next((k for k in preference if device_available(k)), "cpu")
+    return requested
+
+
 def _read_status_kib(field: str) -> Optional[int]:
     """A ``VmXXX`` line of /proc/self/status, in bytes (Linux only)."""
     try:
@@ -137,11 +145,8 @@ class DeviceManager:
     def __init__(self, requested: str = "auto", preference: Sequence[str] = ("cuda", "mps", "xpu", "cpu"),
                  dtype: torch.dtype = torch.float64, threads: Optional[Threads] = None,
                  deterministic: bool = False, check_placement: bool = False) -> None:
-        if requested == "auto":
-            kind = next((k for k in preference if device_available(k)), "cpu")
-        elif device_available(requested):
-            kind = requested
-        else:
+        kind = resolved_kind(requested, preference)
+        if not device_available(kind):
             raise DeviceError("hw", requested, f"no {requested} device is available on this machine",
                               "use hw=auto or hw=cpu, or run on a machine with that device")
         self.kind = kind

@@ -125,10 +125,10 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)
         group = train.groups[int(train.counts.argmin())]
-        enforce(data.small_groups, DataError(
+        enforce(data.small_groups, "data.small_groups", DataError(
             "data.group", data.group, f"group {group!r} has {smallest} training row(s) for {design.width} "
             "coefficients: the penalties decide the rest", "train on more rows, group more coarsely, use a smaller "
-            "model, or set data.small_groups=warn"))
+            "model"))
     return Features(train, design)
 
 

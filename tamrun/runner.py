@@ -16,7 +16,7 @@ import tamrun
 from tamrun.adaptive.job import adaptive_job
 from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName
-from tamrun.device import DeviceManager
+from tamrun.device import DeviceManager, resolved_kind
 from tamrun.errors import note_run
 from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
@@ -26,6 +26,8 @@ from tamrun.jobs.result import RunResult
 from tamrun.pipeline import DTYPES
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.params import experiment_params
+from tamrun.tracking import run_names
+from tamrun.tracking.sweep import objective_name
 from tamrun.tracking.source import source_tags
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,9 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
         run_name: Optional[str] = None, libraries_loaded: Optional[Callable[[], None]] = None) -> RunResult:
     """Fit, evaluate and record one experiment described by a composed config (``mode=plan``: only
     plan the memory, without fitting and without an MLflow run). ``tags`` are added to the run's
-    (a sweep job's sweep id and parent run); ``run_name`` names it (default ``<model>-<data>``; a
-    sweep job's: its swept values; ``tracking.run_name`` wins over both). ``libraries_loaded`` is called
+    (a sweep job's sweep id and parent run); ``run_name`` names it (default: `plain_run_name`, numbered
+    when the experiment has a run of that name; a sweep job's: its swept values; ``tracking.run_name``
+    wins over both). ``libraries_loaded`` is called
     once the run has imported every library it uses, before its data is read (`tamrun.collector`).
 
     Raises:
@@ -57,8 +60,9 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
             return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded))
-    with TrackedRun(config.tracking, run_name=run_name or f"{config.model.name}-{config.data.name}",
-                    tags=run_tags(config, tags)) as tracked:
+    name = run_name or plain_run_name(config, overrides)
+    with TrackedRun(config.tracking, run_name=name, tags=run_tags(config, tags), objective=objective_name(config),
+                    number_reruns=run_name is None) as tracked:
         try:
             log_config(tracked, cfg, overrides)
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
@@ -72,6 +76,13 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
             raise
         result.run_id = tracked.run_id
     return result
+
+
+def plain_run_name(config: Config, overrides: Optional[List[str]]) -> str:
+    """``<model>-<data>`` and what the command line's ``overrides`` and the device change
+    (`tamrun.tracking.run_names.run_name`)."""
+    kind = resolved_kind(config.hw.device.value, config.hw.preference)
+    return run_names.run_name(config.model.name, config.data.name, overrides or (), kind)
 
 
 def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:

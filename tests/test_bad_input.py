@@ -586,7 +586,10 @@ def test_nan_policy_drop_drops_the_rows_without_a_group(tmp_path, monkeypatch, m
 def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch, migrated_store):
     logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false", store=migrated_store)
     assert logged.info.status == "FINISHED"
-    assert "group 2 has 5 training row(s) for" in text and "the config says warn" in text
+    assert "group 2 has 5 training row(s) for" in text
+    # the warning offers the value the config does not hold (error), never the one it holds (warn)
+    assert "Fix: train on more rows, group more coarsely, use a smaller model (data.small_groups=warn; " \
+           "data.small_groups=error refuses such data)" in text and "set data.small_groups=warn" not in text
 
 
 def test_tracking_server_without_its_environment_variable_is_refused(tmp_path, monkeypatch, capsys):

@@ -117,7 +117,7 @@ def test_the_guide_commands_run_as_written(tmp_path):
         assert done.returncode == 0, outputs[-1]
     plan, untracked, tracked = outputs
     assert "route: direct" in plan and "2 groups" in plan
-    assert "rmse_test=5.3 " in untracked and "rmse_test=5.3`" in GUIDE.read_text(encoding="utf-8")
+    assert "rmse_test=5.295 " in untracked and "rmse_test=5.295`" in GUIDE.read_text(encoding="utf-8")
     (run,) = MlflowClient(tracking_uri=f"sqlite:///{folder / 'outputs' / 'mlflow.db'}").search_runs(["1"])
     assert run.info.status == "FINISHED"
     assert run.data.params["data.name"] == "shop" and run.data.params["model.name"] == "mymodel"

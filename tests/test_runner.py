@@ -75,6 +75,7 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
         assert name in metrics, name
     assert metrics["rmse_test"] == pytest.approx(result.metrics["rmse_test"], rel=1e-12)
     assert metrics["oom_retries"] == 0 and metrics["peak_memory_bytes"] > 0
+    assert metrics["peak_memory_mib"] == pytest.approx(metrics["peak_memory_bytes"] / 2**20)  # the UI's column
     tags = logged.data.tags
     assert tags["tamrun_version"] and tags["device"].startswith("cpu") and tags["mlflow.source.name"] == "python -m tamrun"
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tamrun.__file__).parent, capture_output=True,

@@ -31,6 +31,7 @@ from tamrun.fitted import prediction_batch
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
+from tamrun.numbers import significant
 from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import OomLog
 from tamrun.memory.profiler import PhaseRecorder
@@ -133,8 +134,9 @@ def sliding_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics = _metrics(table, fitted, schedule, plan, recorder, prepared.oom_log, tracker)
     require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static", "mape_test_static")},
                    "a forecast metric", numerical_fix(config))
-    log.info("adaptive: rmse_test=%.1f (static %.1f), %.4f s per refit, %d windows per batch",
-             metrics["rmse_test"], metrics["rmse_test_static"], metrics["seconds_per_refit"],
+    log.info("adaptive: rmse_test=%s (static %s), %s s per refit, %d windows per batch",
+             significant(metrics["rmse_test"]), significant(metrics["rmse_test_static"]),
+             significant(metrics["seconds_per_refit"]),
              fitted.windows_per_batch)
     _record(tracked, prepared, table, metrics, steps, plan, static, fitted)
     coef = fitted.coef if fitted.coef is not None else torch.empty(0)

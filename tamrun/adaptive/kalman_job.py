@@ -26,6 +26,7 @@ from tamrun.evaluate import mape, require_finite, rmse
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
+from tamrun.numbers import significant
 from tamrun.pipeline import Fit, Splits, fit_model, numerical_fix, solve
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -130,9 +131,9 @@ def kalman_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics = kalman_metrics(prepared, table, run, pair, selection)
     require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static")},
                    "a forecast metric", numerical_fix(config))
-    log.info("kalman: rmse_test=%.1f (static %.1f), adaptation %.3f s over the test period, static fit %.3f s",
-             metrics["rmse_test"], metrics["rmse_test_static"], metrics["kalman_test_seconds"],
-             metrics["static_fit_seconds"])
+    log.info("kalman: rmse_test=%s (static %s), adaptation %s s over the test period, static fit %s s",
+             *(significant(metrics[name]) for name in ("rmse_test", "rmse_test_static", "kalman_test_seconds",
+                                                       "static_fit_seconds")))
     record_kalman(tracked, prepared, static, table, months, metrics, data, run, selection)
     return RunResult(run_id=None, route=static.plan.route, width=static.model.design.width, groups=static.model.groups,
                      coef=static.model.coef, metrics=metrics, table=lambda: table, plan=static.plan, stats=static.stats)

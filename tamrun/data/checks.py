@@ -51,11 +51,13 @@ def plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def enforce(policy: CheckPolicy, error: DataError) -> None:
-    """Raise ``error`` (policy ``error``) or log it as a warning (policy ``warn``)."""
+def enforce(policy: CheckPolicy, setting: str, error: DataError) -> None:
+    """Raise ``error`` under policy ``error``, its fix offering ``<setting>=warn``; log it as a warning
+    under policy ``warn``, saying that ``<setting>=error`` refuses such data. Either way the message
+    offers the value the config does not already hold."""
     if policy == CheckPolicy.error:
-        raise error
-    log.warning("%s (the config says warn)", error)
+        raise DataError(error.field, error.value, error.problem, f"{error.fix}, or set {setting}=warn")
+    log.warning("%s (%s=warn; %s=error refuses such data)", error, setting, setting)
 
 
 def drop_missing_groups(frame: pd.DataFrame, group: Optional[str], policy: NanPolicy) -> pd.DataFrame:
@@ -84,10 +86,10 @@ def check_duplicate_dates(frame: pd.DataFrame, date_column: str, group: Optional
     if duplicated.any():
         first = frame.loc[duplicated.idxmax()]
         where = f" in group {plain(first[group])!r} of column {group!r}" if group else ""
-        enforce(policy, DataError("data.date_column", date_column,
-                                  f"{int(duplicated.sum())} row(s) repeat a date (first: {first[date_column]}{where})",
-                                  "aggregate or drop the duplicated rows, set data.group to the column that tells "
-                                  "them apart, or set data.duplicate_dates=warn"))
+        enforce(policy, "data.duplicate_dates", DataError(
+            "data.date_column", date_column, f"{int(duplicated.sum())} row(s) repeat a date (first: "
+            f"{first[date_column]}{where})", "aggregate or drop the duplicated rows, set data.group to the column "
+            "that tells them apart"))
 
 
 def check_constant_columns(train: pd.DataFrame, columns: Mapping[str, str], policy: CheckPolicy) -> None:
@@ -95,9 +97,9 @@ def check_constant_columns(train: pd.DataFrame, columns: Mapping[str, str], poli
     for field, column in columns.items():
         values = train[column]
         if values.nunique(dropna=True) <= 1:
-            enforce(policy, DataError(field, column, f"the column is constant over the training split "
-                                      f"(value {plain(values.iloc[0])!r} in all {len(values)} rows): the effect learns nothing",
-                                      "remove this effect, pick another column, or set data.constant_features=warn"))
+            enforce(policy, "data.constant_features", DataError(
+                field, column, f"the column is constant over the training split (value {plain(values.iloc[0])!r} "
+                f"in all {len(values)} rows): the effect learns nothing", "remove this effect, pick another column"))
 
 
 def check_target_leakage(frame: pd.DataFrame, columns: Mapping[str, str], target: str) -> None:
@@ -122,7 +124,7 @@ def check_constant_in_groups(train: pd.DataFrame, columns: Mapping[str, str], gr
         distinct = train.groupby(group)[column].nunique(dropna=True)
         constant = distinct.index[distinct <= 1].tolist()
         if constant and len(constant) < len(distinct):
-            enforce(policy, DataError(field, column, f"the column is constant within {len(constant)} of "
-                                      f"{len(distinct)} group(s) of the training split (e.g. {[plain(g) for g in constant[:5]]}): "
-                                      "their effect learns nothing", "remove this effect, group differently, or set "
-                                      "data.constant_in_group=error to refuse such data"))
+            enforce(policy, "data.constant_in_group", DataError(
+                field, column, f"the column is constant within {len(constant)} of {len(distinct)} group(s) of the "
+                f"training split (e.g. {[plain(g) for g in constant[:5]]}): their effect learns nothing",
+                "remove this effect, group differently"))

@@ -19,6 +19,7 @@ from tamrun.evaluate import predictions_table, require_finite, scored, split_sco
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
+from tamrun.numbers import significant
 from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve
 from tamrun.progress import ChunkProgress, IterationProgress
 from tamrun.tracking.mlflow_run import TrackedRun
@@ -54,8 +55,8 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
             metrics.update(split_scores(split.name, *scored(split.batch, split.predicted)))
         require_finite(metrics, "a forecast metric", numerical_fix(config))
     metrics.update(run_metrics(prepared, fit))
-    log.info("rmse_train=%.1f rmse_test=%.1f mape_test=%.3f%% fit=%.2fs", metrics["rmse_train"], metrics["rmse_test"],
-             metrics["mape_test"], metrics["fit_seconds"])
+    log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
+                                                                    ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))
     table = functools.cache(lambda: evaluation_table(config.data, splits))
     with recorder.phase("record"):
         record_fit(tracked, prepared, fit, table, metrics)

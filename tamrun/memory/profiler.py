@@ -106,12 +106,15 @@ class PhaseRecorder:
         return max((self.phases[p].working_peak for p in phases if p in self.phases), default=0)
 
     def metrics(self) -> Dict[str, float]:
-        """``<phase>_seconds``, ``peak_memory_<phase>_bytes`` (absolute), ``working_peak_<phase>_bytes``."""
+        """``<phase>_seconds``, ``peak_memory_<phase>_bytes`` (absolute), ``working_peak_<phase>_bytes``; the
+        run's peak in bytes and in MiB (``peak_memory_mib``: the figure the runs table and
+        `tamrun.compare` show)."""
         out: Dict[str, float] = {}
         for name in self.phases:
             out.update(self.phase_metrics(name))
         if self.phases:
             out["peak_memory_bytes"] = max(r.peak_bytes for r in self.phases.values())
+            out["peak_memory_mib"] = out["peak_memory_bytes"] / 2**20
         out["working_peak_bytes"] = self.working_peak()
         if self.planning_baseline >= 0:
             out["planning_baseline_bytes"] = self.planning_baseline

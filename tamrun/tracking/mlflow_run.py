@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import INTERRUPTED, ConfigError, error_kind
 from tamrun.tracking.params import to_params
+from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numbered
 from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.secrets import env_uri, masked
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
@@ -59,9 +60,13 @@ class TrackedRun:
         cfg: tracking settings (URI, artifact root, experiment, run name).
         run_name: used when ``cfg.run_name`` is None.
         tags: set when the run starts.
+        objective: the metric the run minimises, a column of the experiment's runs-table view.
+        number_reruns: a rerun of a name already in the experiment is numbered (``name #2``,
+            `tamrun.tracking.run_names`), unless ``cfg.run_name`` names the run.
     """
 
-    def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str]) -> None:
+    def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str],
+                 objective: Optional[str] = None, number_reruns: bool = False) -> None:
         self.cfg = cfg
         self.enabled = cfg.enabled
         self.uri = tracking_uri(cfg) if cfg.enabled else (cfg.uri or "")
@@ -69,6 +74,8 @@ class TrackedRun:
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.run_name = cfg.run_name or run_name
         self.tags = dict(tags)
+        self.objective = objective
+        self.number_reruns = number_reruns and not cfg.run_name
         self.client = None
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
@@ -128,15 +135,26 @@ class TrackedRun:
         self.experiment_id = self._experiment_id()
         experiment = self.client.get_experiment(self.experiment_id)
         check_artifact_location(experiment.artifact_location, "tracking.artifact_root")
-        ensure_runs_view(self.client, experiment)
+        ensure_runs_view(self.client, experiment, self.objective)
         tags = {**self.tags, **process_tags(), **ray_worker_tags()}
         tags = {key: masked(str(value)) for key, value in tags.items()}
+        if self.number_reruns:
+            tags[NAME_KEY_TAG] = name_key(self.run_name)
         run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
         self.run_id = run.info.run_id
+        if self.number_reruns:
+            self._number_rerun(tags[NAME_KEY_TAG], run.info.start_time)
         try:
             close_stale_runs(self.client, self.experiment_id, self.run_id)
         except (MlflowException, SQLAlchemyError, OSError) as exc:  # housekeeping must not fail the run
             log.warning("could not look for runs left RUNNING by a lost process: %s", exc)
+
+    def _number_rerun(self, key: str, start_time: int) -> None:
+        """Number this run after the runs of the same name that started before it (`run_names.numbered`)."""
+        earlier = earlier_runs(self.client, self.experiment_id, key, self.run_id, start_time)
+        if earlier:
+            self.run_name = numbered(self.run_name, earlier)
+            self.client.update_run(self.run_id, name=self.run_name)
 
     def _experiment_id(self) -> str:
         db = sqlite_path(self.uri)

@@ -36,7 +36,7 @@ from tamrun.tracking.plots import sweep_objective_figure
 from tamrun.tracking.secrets import masked
 from tamrun.tracking.sweep_failures import failure_exit_code, failure_line, table_failures
 from tamrun.tracking.sweep_names import SweptKeys, job_run_name, job_values, swept_keys, value_tag, value_tags
-from tamrun.tracking.ui_view import runs_table_url, store_runs_view
+from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ SUMMARY_METRICS = ("rmse_validation", "rmse_test", "mape_test", "rmse_train", "f
 def objective_name(config: Any) -> str:
     """The metric a sweep minimises: ``objective`` when set, else ``rmse_validation`` when the split
     carves a validation period out of training, else ``rmse_test``."""
-    if config.get("objective"):
+    if getattr(config, "objective", None):  # a composed DictConfig or a typed `Config`
         return str(config.objective)
-    return "rmse_validation" if config.split.get("validation_start") else "rmse_test"
+    return "rmse_validation" if getattr(config.split, "validation_start", None) else "rmse_test"
 
 
 def tracking_settings(config: DictConfig) -> TrackingConfig:
@@ -199,10 +199,11 @@ class SweepCallback(Callback):
         if settings.enabled:
             tags = {SWEEP_ID_TAG: sweep_id, "sweep_role": "parent", "sweep_dir": info["sweep_dir"],
                     "sweep_command": " ".join(OmegaConf.to_container(config.hydra.overrides.task))[:5000]}
-            parent = TrackedRun(settings, run_name=f"sweep-{sweep_id}", tags=tags)
+            parent = TrackedRun(settings, run_name=f"sweep-{sweep_id}", tags=tags, objective=info["objective"])
             parent.start_detached()
             swept = SweptKeys.from_json(info).labels
-            store_runs_view(parent.client, parent.experiment_id, [value_tag(key) for key in swept])
+            ensure_runs_view(parent.client, parent.client.get_experiment(parent.experiment_id), info["objective"],
+                             [value_tag(key) for key in swept])
             log.info("compare the jobs in the MLflow UI: %s", masked(runs_table_url(parent.uri, parent.experiment_id)))
             info.update(parent_run_id=parent.run_id, experiment_id=parent.experiment_id, tracking_uri=parent.uri,
                         busy_timeout_s=settings.busy_timeout_s, lock_timeout_s=settings.lock_timeout_s)

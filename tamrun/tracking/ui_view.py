@@ -1,22 +1,31 @@
 """The MLflow UI's runs table as tamrun's users want it first: the runs and the figures they compare.
 
-MLflow's UI opens an experiment on the view its browser last saved, and a fresh browser on its GenAI
-overview with three attribute columns and no metric. Two things of the UI's own make tamrun's
-experiments open on their runs table with the metrics that matter:
+MLflow's UI (3.17) opens an experiment on the view its browser last saved, and a fresh browser on its
+GenAI overview with no metric. Two things of the UI's own make tamrun's experiments open on their runs
+table with the decisive columns first:
 
 - a shared view, stored on the experiment as the tag ``mlflow.sharedViewState.tamrun``
-  (`RUNS_VIEW_TAG`): the runs table's columns (`METRIC_COLUMNS`, `PARAM_COLUMNS`, the dataset and
-  the model, and a sweep's swept values: `store_runs_view`);
+  (`RUNS_VIEW_TAG`): which columns show (``selectedColumns``), their order (``columnOrder``) and
+  widths (``columnWidths``), so that at 1600 x 1000 with MLflow's assistant panel open the table shows,
+  without scrolling: the run's name, its status (the Created column's icon; both pinned left by the
+  UI), the objective when it is not rmse_test, `DECISIVE_METRICS`, the route, the device and a
+  sweep's swept values; Duration (which the UI cannot hide), the dataset, the model and the rest come
+  after them (`runs_view`). Every run merges its objective and a sweep its swept keys into the stored
+  view (`ensure_runs_view`);
 - the link that opens it in the model-training workflow (`runs_table_url`), logged by every run:
 
       <UI>/#/experiments/<id>/runs?workflowType=machine_learning&viewStateShareKey=tamrun
+
+The bare ``#/experiments/<id>`` cannot be made to land on the runs: MLflow 3.17 picks that page by
+the browser's last workflow (GenAI in a fresh browser), not by the experiment.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable, List
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +33,19 @@ VIEW_KEY = "tamrun"
 RUNS_VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
 # What `mlflow ui` / `mlflow server` serve by default: the link's base for a store that is not a server.
 DEFAULT_UI = "http://127.0.0.1:5000"
-ATTRIBUTE_COLUMNS = ("Dataset", "Models")
-METRIC_COLUMNS = ("rmse_validation", "rmse_test", "mape_test", "fit_seconds", "peak_memory_bytes", "oom_retries")
-PARAM_COLUMNS = ("model.name", "route")
+DECISIVE_METRICS = ("rmse_test", "mape_test", "fit_seconds", "peak_memory_mib")
+DECISIVE_PARAMS = ("route",)
+DECISIVE_TAGS = ("device",)
+SWEEP_TAG_PREFIX = "sweep."
+# Columns after the decisive ones: shown, but to the right (Duration cannot be hidden in the UI).
+TRAILING_COLUMNS = ("duration", "attributes.`Dataset`", "attributes.`Models`", "metrics.`oom_retries`",
+                    "params.`model.name`")
+# The UI's own ids of its pinned columns and of the run's duration.
+RUN_NAME_COLUMN = "attributes.`Run Name`"
+CREATED_COLUMN = "runDateAndNestInfo"  # the Created column: the run's status icon and its age
+# Pixel widths: at 1600 x 1000 with the assistant panel open the table shows 540 px beside its pinned
+# columns (checkbox 73, Run Name 190, Created); tests/test_ui_browser.py measures it.
+WIDTHS = {"metrics": 78, "params": 62, "tags": 80, CREATED_COLUMN: 130}
 
 
 def column(kind: str, name: str) -> str:
@@ -34,34 +53,77 @@ def column(kind: str, name: str) -> str:
     return f"{kind}.`{name}`"
 
 
-def runs_view(extra_tags: Iterable[str] = ()) -> dict:
-    """The shared view: runs newest first, the columns above, then the tags ``extra_tags``. (A shared
+@dataclass(frozen=True)
+class RunsView:
+    """What varies between experiments' views: the objectives their runs minimise (beyond
+    `DECISIVE_METRICS`) and the tags of the values their sweeps swept, each in the order shown."""
+
+    objectives: Tuple[str, ...] = ()
+    swept_tags: Tuple[str, ...] = ()
+
+    def decisive(self) -> List[str]:
+        """The decisive columns in their order, after the pinned name and status."""
+        metrics = [*self.objectives, *DECISIVE_METRICS]
+        return ([column("metrics", name) for name in metrics] + [column("params", name) for name in DECISIVE_PARAMS]
+                + [column("tags", name) for name in (*DECISIVE_TAGS, *self.swept_tags)])
+
+    def merged(self, objective: Optional[str] = None, swept_tags: Iterable[str] = ()) -> "RunsView":
+        """This view with ``objective`` (when not already a decisive metric) and ``swept_tags`` (first)."""
+        objectives = self.objectives
+        if objective and objective not in DECISIVE_METRICS and objective not in objectives:
+            objectives = (objective, *objectives)
+        swept = tuple(dict.fromkeys([*swept_tags, *self.swept_tags]))
+        return RunsView(objectives, swept)
+
+    @classmethod
+    def parse(cls, stored: Optional[str]) -> "RunsView":
+        """The view stored as the tag's JSON (an empty view when there is none, or it is not readable;
+        the objectives of a view older than ``columnOrder``, whose metrics were fixed, are not kept)."""
+        try:
+            view = json.loads(stored or "{}")
+            columns = view.get("selectedColumns") or []
+        except (ValueError, AttributeError):
+            return cls()
+        metrics = [c[len("metrics.`"):-1] for c in columns if c.startswith("metrics.`") and "columnOrder" in view]
+        tags = [c[len("tags.`"):-1] for c in columns if c.startswith("tags.`")]
+        trailing = [name for name in metrics if column("metrics", name) in TRAILING_COLUMNS]
+        return cls(tuple(m for m in metrics if m not in DECISIVE_METRICS and m not in trailing),
+                   tuple(t for t in tags if t.startswith(SWEEP_TAG_PREFIX)))
+
+
+def widths(columns: Iterable[str]) -> Dict[str, int]:
+    """Each column's width (`WIDTHS` by kind), the Created column's too."""
+    out = {CREATED_COLUMN: WIDTHS[CREATED_COLUMN]}
+    out.update({name: WIDTHS[name.split(".", 1)[0]] for name in columns})
+    return out
+
+
+def runs_view(view: RunsView = RunsView()) -> Dict[str, Any]:
+    """The shared view's JSON: runs newest first, `RunsView.decisive` then `TRAILING_COLUMNS`. (A shared
     view cannot expand a parent run: MLflow drops ``runsExpanded`` from it; a sweep's ``+`` lists its jobs.)"""
-    columns: List[str] = [column("attributes", name) for name in ATTRIBUTE_COLUMNS]
-    columns += [column("metrics", name) for name in METRIC_COLUMNS]
-    columns += [column("params", name) for name in PARAM_COLUMNS]
-    columns += [column("tags", name) for name in extra_tags]
+    decisive = view.decisive()
+    shown = [*decisive, *(name for name in TRAILING_COLUMNS if name != "duration")]
     return {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
             "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
-            "selectedColumns": columns}
+            "selectedColumns": shown, "columnOrder": [RUN_NAME_COLUMN, CREATED_COLUMN, *decisive, *TRAILING_COLUMNS],
+            "columnWidths": widths(decisive)}
 
 
-def store_runs_view(client: Any, experiment_id: str, extra_tags: Iterable[str] = ()) -> None:
-    """Store `runs_view` (with the tags ``extra_tags`` as columns) on the experiment."""
-    client.set_experiment_tag(experiment_id, RUNS_VIEW_TAG, json.dumps(runs_view(extra_tags)))
-
-
-def ensure_runs_view(client: Any, experiment: Any) -> None:
-    """Store the shared view on ``experiment`` (an MLflow Experiment) unless it has one already. Runs
-    starting at once on a fresh experiment race to store it (the tag's unique key): the view is a
-    convenience of the UI, so a failure to store it is logged, never the run's end."""
+def ensure_runs_view(client: Any, experiment: Any, objective: Optional[str] = None,
+                     swept_tags: Iterable[str] = ()) -> None:
+    """Store on ``experiment`` (an MLflow Experiment) its view merged with ``objective`` and
+    ``swept_tags``, unless the stored one is that already. Runs starting at once on a fresh experiment
+    race to store it (the tag's unique key): the view is a convenience of the UI, so a failure to store
+    it is logged, never the run's end."""
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
 
-    if RUNS_VIEW_TAG in (experiment.tags or {}):
+    stored = (experiment.tags or {}).get(RUNS_VIEW_TAG)
+    wanted = json.dumps(runs_view(RunsView.parse(stored).merged(objective, swept_tags)))
+    if stored == wanted:
         return
     try:
-        store_runs_view(client, experiment.experiment_id)
+        client.set_experiment_tag(experiment.experiment_id, RUNS_VIEW_TAG, wanted)
     except (MlflowException, SQLAlchemyError) as exc:
         if RUNS_VIEW_TAG not in (client.get_experiment(experiment.experiment_id).tags or {}):
             log.warning("could not store the runs table's view on experiment %s: %s", experiment.experiment_id,

@@ -1,0 +1,95 @@
+"""``python -m tamrun.compare``: the runs of a tamrun store as a table, and where to open them in the UI.
+
+    python -m tamrun.compare                                    # the last 20 runs of outputs/mlflow.db
+    python -m tamrun.compare -n 5
+    python -m tamrun.compare --sweep last                       # the newest sweep's jobs (or a sweep id)
+    python -m tamrun.compare --filter "metrics.rmse_test < 1700 and params.route = 'direct'"
+    python -m tamrun.compare --store http://tracking-host:5000 --experiment tamrun
+
+Exit codes: 0, or 2 with one line (``tamrun: config error: <option>=<value>: ... Fix: ...``) for a store
+or experiment that does not exist, a filter MLflow cannot parse or one that names a metric no run logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from tamrun.errors import ConfigError, TamrunError
+
+DEFAULT_COUNT = 20
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    from tamrun.config.schema import TrackingConfig
+    from tamrun.tracking.mlflow_run import default_tracking_uri
+
+    parser = argparse.ArgumentParser(prog="python -m tamrun.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default=default_tracking_uri(),
+                        help="the MLflow store (default: the one python -m tamrun writes here, outputs/mlflow.db)")
+    parser.add_argument("--experiment", default=TrackingConfig.experiment, help="the experiment (default: %(default)s)")
+    parser.add_argument("-n", "--last", type=int, default=DEFAULT_COUNT, help="how many runs (default: %(default)s)")
+    parser.add_argument("--sweep", help="a sweep's jobs: its id (the sweep_id tag) or 'last'")
+    parser.add_argument("--filter", default="", help="MLflow's search syntax, e.g. \"metrics.rmse_test < 1700\"")
+    return parser.parse_args(argv)
+
+
+def open_store(store: str):
+    """A client on ``store``: a sqlite file must exist (it would otherwise be created empty)."""
+    from tamrun.config.schema import TrackingConfig
+    from tamrun.tracking.store import check_store, open_client, sqlite_path
+
+    db = sqlite_path(store)
+    if db is not None and not db.is_file():
+        raise ConfigError("--store", store, f"no MLflow store at {db}",
+                          "run python -m tamrun here first, or pass --store with the store's URI")
+    settings = TrackingConfig()
+    check_store(store, settings.connect_timeout_s)
+    return open_client(store, settings.busy_timeout_s, settings.lock_timeout_s)
+
+
+def report(args: argparse.Namespace) -> str:
+    """The table and the links, for the options ``args``."""
+    from tamrun.compare.select import check_filter, last_runs, sweep_runs
+    from tamrun.compare.table import render
+    from tamrun.tracking.secrets import masked
+    from tamrun.tracking.ui_view import runs_table_url, ui_base
+
+    if args.last < 1:
+        raise ConfigError("--last", args.last, "no run to show", "give -n a count of 1 or more")
+    client = open_store(args.store)
+    experiment = client.get_experiment_by_name(args.experiment)
+    if experiment is None:
+        raise ConfigError("--experiment", args.experiment, f"the store {masked(args.store)} has no such experiment",
+                          "pass --experiment with the name tracking.experiment had (default tamrun)")
+    exp_id = experiment.experiment_id
+    if args.filter:
+        recent = last_runs(client, exp_id, 100).runs
+        check_filter(client, exp_id, args.experiment, args.filter, sorted({k for r in recent for k in r.data.metrics}))
+    chosen = (sweep_runs(client, exp_id, args.sweep, args.filter) if args.sweep
+              else last_runs(client, exp_id, args.last, args.filter))
+    what = f"the jobs of sweep {chosen.sweep_id}" if args.sweep else f"the last {len(chosen.runs)} run(s)"
+    lines = [f"{what} of experiment {args.experiment!r} in {masked(args.store)}"
+             + (f" matching {args.filter!r}" if args.filter else "") + ":", "", render(chosen.runs), ""]
+    where = "" if args.store.startswith("http") else f" (mlflow ui --backend-store-uri {masked(args.store)})"
+    lines.append(f"open them in the MLflow UI{where}: {masked(runs_table_url(args.store, exp_id))}")
+    if chosen.parent is not None:
+        lines.append(f"the sweep's parent run (its jobs nest under it): "
+                     f"{masked(ui_base(args.store))}/#/experiments/{exp_id}/runs/{chosen.parent.info.run_id}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Print the report; bad input exits 2 with one line."""
+    args = parse_args(argv)
+    try:
+        text = report(args)
+    except TamrunError as error:
+        sys.stderr.write(error.report_line())
+        raise SystemExit(2) from None
+    sys.stdout.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

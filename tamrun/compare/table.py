@@ -1,0 +1,57 @@
+"""The runs as a fixed-width text table: the UI view's decisive columns (`tamrun.tracking.ui_view`),
+figures to 4 significant digits (`tamrun.numbers`), "-" where a run has none."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+from tamrun.numbers import significant
+from tamrun.tracking.sweep_names import VALUE_TAG_PREFIX
+from tamrun.tracking.ui_view import DECISIVE_METRICS, DECISIVE_PARAMS, DECISIVE_TAGS
+
+MISSING = "-"
+# Metrics shown before the decisive ones when a run logged them (the objective with a validation split).
+OBJECTIVE_METRICS = ("rmse_validation",)
+GAP = "  "
+
+
+def metric_columns(runs: Sequence[Any]) -> List[str]:
+    """`OBJECTIVE_METRICS` some run logged, then `DECISIVE_METRICS`."""
+    logged = {key for run in runs for key in run.data.metrics}
+    return [key for key in OBJECTIVE_METRICS if key in logged] + list(DECISIVE_METRICS)
+
+
+def swept_values(tags: Dict[str, str]) -> str:
+    """A sweep job's swept values, ``toy.m=8`` (the last two parts of each key), or `MISSING`."""
+    values = [f"{'.'.join(key[len(VALUE_TAG_PREFIX):].split('.')[-2:])}={value}" for key, value in sorted(tags.items())
+              if key.startswith(VALUE_TAG_PREFIX)]
+    return " ".join(values) or MISSING
+
+
+def metric_value(metrics: Dict[str, float], key: str) -> str:
+    """A metric to 4 significant digits; ``peak_memory_mib`` from ``peak_memory_bytes`` for a run older
+    than that metric."""
+    if key == "peak_memory_mib" and key not in metrics and "peak_memory_bytes" in metrics:
+        return significant(metrics["peak_memory_bytes"] / 2**20)
+    return significant(metrics[key]) if key in metrics else MISSING
+
+
+def row(run: Any, metrics: Sequence[str]) -> List[str]:
+    """One run's cells: name, status, ``metrics``, the decisive params and tags, its swept values."""
+    data = run.data
+    return ([run.info.run_name or run.info.run_id, run.info.status]
+            + [metric_value(data.metrics, key) for key in metrics]
+            + [data.params.get(key, MISSING) for key in DECISIVE_PARAMS]
+            + [data.tags.get(key, MISSING) for key in DECISIVE_TAGS] + [swept_values(data.tags)])
+
+
+def render(runs: Sequence[Any]) -> str:
+    """The table of ``runs`` (header first), columns padded to their widest cell, numbers right-aligned."""
+    metrics = metric_columns(runs)
+    header = ["name", "status", *metrics, *DECISIVE_PARAMS, *DECISIVE_TAGS, "swept"]
+    rows = [header] + [row(run, metrics) for run in runs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    numeric = {header.index(key) for key in metrics}
+    lines = [GAP.join(cell.rjust(width) if i in numeric else cell.ljust(width)
+                      for i, (cell, width) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    return "\n".join(lines)
