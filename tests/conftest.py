@@ -1,8 +1,9 @@
 """Shared fixtures: real Hydra composition of conf/, a real sqlite MLflow store in tmp_path,
-and a small synthetic CSV dataset."""
+and a small synthetic CSV dataset; the skip policy (in CI a skipped test fails, but the CUDA ones)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Callable, List
@@ -15,6 +16,40 @@ from hydra.core.global_hydra import GlobalHydra
 
 from tamrun.config.load import config_dir
 from tamrun.config.store import register_configs
+
+# The only tests a CI run (CI=true) may skip, by marker, and why; any other skip fails the run there, so
+# that a feature whose test cannot run (a system package missing, a dependency not installed) is seen.
+SKIPS_ALLOWED_IN_CI = {"gpu": "needs a CUDA device, which CI never has (the GPU check is .ci/gpu)"}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI a skip outside `SKIPS_ALLOWED_IN_CI` becomes a failure naming the skip's reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci() and not any(item.get_closest_marker(m) for m in SKIPS_ALLOWED_IN_CI) \
+            and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"skipped in CI ({reason}): every test but those of SKIPS_ALLOWED_IN_CI "
+                           "(tests/conftest.py) must run there; install what it needs (.ci/system-packages)")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line at the end: how many tests skipped, and why (grouped by reason)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = {}
+    for report in skipped:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reasons[reason.removeprefix("Skipped: ")] = reasons.get(reason.removeprefix("Skipped: "), 0) + 1
+    terminalreporter.write_line(f"tamrun: {len(skipped)} test(s) skipped: " +
+                                "; ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())))
 
 
 @pytest.fixture

@@ -325,3 +325,14 @@ def test_pyflakes_finds_nothing_in_the_package_or_the_tests():
     out, err = io.StringIO(), io.StringIO()
     found = checkRecursive([str(PACKAGE), str(ROOT / "tests")], Reporter(out, err))
     assert found == 0 and not err.getvalue(), out.getvalue() + err.getvalue()
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """The README's second command (set up and pass the tests) is the line .ci/run executes, and it starts
+    with the system packages the suite needs (.ci/system-packages, which names each one it installs)."""
+    readme = (ROOT / "README.md").read_text().split("Set up and pass the tests:", 1)[1]
+    command = next(line.strip() for line in readme.splitlines() if line.startswith("    "))
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == command and command.startswith("bash .ci/system-packages && ")
+    packages = (ROOT / ".ci" / "system-packages").read_text()
+    assert "postgresql" in packages and "chromium" in packages
