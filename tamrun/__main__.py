@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from tamrun.collector import ImportPause
+from tamrun.run_folder import RUN_TAG, new_run_tag
 
 if TYPE_CHECKING:
     from tamrun.tracking.sweep_failures import JobFailure
@@ -118,6 +119,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     # MLflow draws a download bar when it checks the logged model's input example (a local copy)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ[RUN_TAG] = new_run_tag()  # this command's Hydra folders (tamrun/run_folder.py)
     import hydra
     from omegaconf import DictConfig
 
