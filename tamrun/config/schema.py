@@ -367,8 +367,8 @@ class SolverConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True
-    # The MLflow store, e.g. sqlite:////abs/path/mlflow.db or http://tracking-server:5000;
-    # None: sqlite:///<cwd>/outputs/mlflow.db
+    # The MLflow store, e.g. sqlite:////abs/path/mlflow.db or http://tracking-server:5000; None: the
+    # environment's MLFLOW_TRACKING_URI when set (as MLflow reads it), else sqlite:///<cwd>/outputs/mlflow.db
     uri: Optional[str] = None
     # When uri is None: the environment variable holding the URI (tracking=server: MLFLOW_TRACKING_URI),
     # so a URI with credentials is never written in a config; unset or empty is an error. None: not used.

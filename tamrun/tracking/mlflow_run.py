@@ -1,6 +1,7 @@
 """One MLflow run's lifecycle through an explicit `MlflowClient` (no fluent global state).
 
-The store defaults to ``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run ends
+The store is ``tracking.uri``, else ``MLFLOW_TRACKING_URI`` as MLflow reads it, else
+``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run's last line names it. The run ends
 FINISHED on success, FAILED on any exception (with the error as tags: ``error_type``, ``error`` and
 ``error_kind``, bad input's kind or ``internal``: `tamrun.errors.error_kind`) and KILLED on an interrupt
 (SIGINT, or SIGTERM/SIGHUP, raised as `tamrun.tracking.signals.Terminated` while the run is open).
@@ -35,6 +36,8 @@ from tamrun.tracking.worker import ray_worker_tags
 
 log = logging.getLogger(__name__)
 
+# MLflow's own variable for "where my runs go", honoured when tracking.uri is not given.
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
 # The experiment's kind in MLflow 3's UI: a model-training one (its runs table and view: tamrun.tracking.ui_view).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "forecasting"}
 
@@ -46,10 +49,13 @@ def default_tracking_uri(cwd: Optional[Path] = None) -> str:
 
 def tracking_uri(cfg: TrackingConfig) -> str:
     """``tracking.uri``, else the environment variable ``tracking.uri_env`` names (an error when it is
-    unset), else the default sqlite store."""
+    unset), else `MLFLOW_URI_ENV` when it is set and not empty (where MLflow itself sends runs), else the
+    default sqlite store."""
     if cfg.uri:
         return cfg.uri
-    return env_uri(cfg.uri_env) if cfg.uri_env else default_tracking_uri()
+    if cfg.uri_env:
+        return env_uri(cfg.uri_env)
+    return os.environ.get(MLFLOW_URI_ENV, "").strip() or default_tracking_uri()
 
 
 class TrackedRun:
@@ -199,6 +205,9 @@ class TrackedRun:
             self.client.set_tag(self.run_id, "error_type", type(interrupt(deferral.received)).__name__)
             self.client.set_tag(self.run_id, "error_kind", INTERRUPTED)
             self.client.set_terminated(self.run_id, status="KILLED")
+            status = "KILLED"
+        log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, masked(self.uri),
+                 self.cfg.experiment)  # the run's last line: where it went
 
     # ---- logging ---------------------------------------------------------------------------------
     def log_params(self, tree: Any) -> None:
