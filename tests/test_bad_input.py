@@ -95,6 +95,11 @@ def _undated(f: pd.DataFrame) -> pd.DataFrame:
     return f
 
 
+def _day_first(f: pd.DataFrame) -> pd.DataFrame:
+    f["date"] = f["date"].dt.strftime("%d/%m/%Y %H:%M")
+    return f
+
+
 def _empty_feature(f: pd.DataFrame) -> pd.DataFrame:
     f["x"] = np.nan
     return f
@@ -307,8 +312,19 @@ CASES = [
     Case("group column missing", ["data.group=grp"], ["data.group='grp'", "no such column"], True, csv=True),
     Case("non-numeric target", [], ["data.target='y'", "not numeric (e.g. 'a')"], True, csv=True,
          frame=_text_target),
-    Case("dates unparseable", [], ["data.date_column='date'", "its values are not dates", "ISO"], True, csv=True,
+    Case("dates unparseable", [], ["data.date_column='date': the value 'someday' at line 2 of the file is not a "
+                                   "date in the format tried (none recognised, read from the first date 'someday' "
+                                   "with data.dayfirst=false). Fix: set data.date_format"], True, csv=True,
          frame=_undated),
+    Case("dates day first", [], ["data.date_column='date': the value '13/01/2020 00:00' at line 290 of the file is "
+                                 "not a date in the format tried ('%m/%d/%Y %H:%M', read from the first date "
+                                 "'01/01/2020 00:00' with data.dayfirst=false). Fix: set "
+                                 "data.date_format='%d/%m/%Y %H:%M' (the format of '13/01/2020 00:00'), or "
+                                 "data.dayfirst=true"], True, csv=True, frame=_day_first, subprocess=True),
+    Case("date format that does not fit", ["data.date_format='%d.%m.%Y'"],
+         ["data.date_column='date': the value '2020-01-01 00:00:00' at line 2 of the file is not a date in the "
+          "format tried ('%d.%m.%Y', data.date_format). Fix: set data.date_format='%Y-%m-%d %H:%M:%S' (the format "
+          "of '2020-01-01 00:00:00')"], True, csv=True),
     Case("feature all NaN", [], ["model.effects.sx.column='x'", "9600 row(s) hold NaN or inf"], True, csv=True,
          frame=_empty_feature),
     Case("feature all NaN, rows dropped", ["data.nan_policy=drop"],

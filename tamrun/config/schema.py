@@ -146,6 +146,12 @@ class DataConfig:
     source: DataSource = DataSource.embedded
     path: Optional[str] = None
     date_column: str = "date"
+    # The dates' format: strftime codes (e.g. "%d/%m/%Y %H:%M") or "ISO8601"; None: the format of the
+    # file's first date (ISO 8601 when it starts with the year), the same for every row.
+    date_format: Optional[str] = None
+    # Without date_format, a first date such as 01/02/2024 reads day first (1 February), not month first;
+    # dates that start with the year are ISO 8601 either way.
+    dayfirst: bool = False
     target: str = "Load"
     group: Optional[str] = "tod"
     # name -> DerivedColumn (typed when loaded, see `mapping_of`).
