@@ -95,6 +95,11 @@ def _undated(f: pd.DataFrame) -> pd.DataFrame:
     return f
 
 
+def _absurd_target(f: pd.DataFrame) -> pd.DataFrame:
+    f.loc[100, "y"] = 1e308
+    return f
+
+
 def _day_first(f: pd.DataFrame) -> pd.DataFrame:
     f["date"] = f["date"].dt.strftime("%d/%m/%Y %H:%M")
     return f
@@ -316,6 +321,14 @@ CASES = [
                                    "date in the format tried (none recognised, read from the first date 'someday' "
                                    "with data.dayfirst=false). Fix: set data.date_format"], True, csv=True,
          frame=_undated),
+    Case("target far outside the rest", [], ["tamrun: data error: data.target='y': 1 row(s) lie far outside the "
+                                             "rest (farther from the median 6.97036 than 10000 robust spreads of "
+                                             "1.71): 2020-01-05 04:00:00 in group 1 (1e+308). Fix: correct or remove "
+                                             "those values"], True, csv=True, frame=_absurd_target, subprocess=True),
+    Case("absurd predictions", ["data.target_outliers=warn"],
+         ["tamrun: numerical error: predictions=6.2", "the largest train prediction is more than 1e+06 times the "
+          "training target's scale (9.56633, the larger of its 1st and 99th percentiles): not a forecast. Fix: look "
+          "for absurd target values"], True, csv=True, frame=_absurd_target),
     Case("dates day first", [], ["data.date_column='date': the value '13/01/2020 00:00' at line 290 of the file is "
                                  "not a date in the format tried ('%m/%d/%Y %H:%M', read from the first date "
                                  "'01/01/2020 00:00' with data.dayfirst=false). Fix: set "

@@ -123,6 +123,15 @@ class CheckPolicy(str, Enum):
     warn = "warn"
 
 
+class OutlierPolicy(str, Enum):
+    """What the target's outlier check does with rows far outside the rest: stop the run (exit 2), log a
+    warning, or drop them (with a warning)."""
+
+    error = "error"
+    warn = "warn"
+    drop = "drop"
+
+
 @dataclass
 class DerivedColumn:
     """A column computed from the data before the effects see it.
@@ -169,6 +178,9 @@ class DataConfig:
     # A model column constant within some groups of the training split (not all: see constant_features);
     # those groups' effect learns nothing.
     constant_in_group: CheckPolicy = CheckPolicy.warn
+    # Target values far outside the rest (farther from the median than tamrun.data.checks.OUTLIER_SPREADS
+    # robust spreads: a sentinel such as -999999, a 1e308): their fit and metrics would mean nothing.
+    target_outliers: OutlierPolicy = OutlierPolicy.error
     # Rows parsed at a time when reading the file: the read's transient memory is one such block
     # (its text and date strings), not the whole file's.
     read_chunk_rows: int = 65536
