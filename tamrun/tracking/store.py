@@ -22,6 +22,7 @@ Other stores (http, postgresql, ...) are opened as they are, once their server a
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from tamrun.errors import ConfigError, os_reason
+from tamrun.errors import ConfigError
+from tamrun.filesystem import Place, filesystem_error
 from tamrun.tracking.secrets import masked
 from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
 from tamrun.tracking.store_wait import StoreWatch, holders_text
@@ -57,6 +59,19 @@ def with_busy_timeout(uri: str, busy_timeout_s: float) -> str:
 
 _FIX = "point tracking.uri at a reachable, writable store, or set tracking.enabled=false"
 LOCAL_STORE = "tracking.uri=sqlite:///outputs/mlflow.db"
+ARTIFACT_FIX = ("point tracking.artifact_root at a writable folder (an existing experiment keeps the folder it was "
+                "created with: set tracking.experiment to a new name)")
+
+
+def store_place(db: Path) -> Place:
+    """A sqlite store's folder (its database and sqlite's journal beside it), for `filesystem_error`."""
+    return Place("tracking.uri", db.parent, "the MLflow store", "point tracking.uri at a store in a writable folder "
+                 "(tracking.uri=sqlite:////<folder>/mlflow.db), or set tracking.enabled=false", file=db)
+
+
+def artifact_place(folder: Path) -> Place:
+    """An experiment's local artifact folder (its runs' artifacts), for `filesystem_error`."""
+    return Place("tracking.artifact_root", folder, "the runs' artifacts", ARTIFACT_FIX)
 # pip's name of the DB-API modules SQLAlchemy imports for MLflow's database stores (others: the module's).
 # The team extra (pyproject.toml) installs psycopg 3, the driver of SQLAlchemy's postgresql:// URIs.
 DRIVER_PACKAGES = {"psycopg": "'tamrun[team]' (psycopg 3; or psycopg2-binary, with a postgresql+psycopg2:// URI)",
@@ -67,17 +82,17 @@ DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
 def check_store(uri: str, connect_timeout_s: float) -> None:
-    """Fail fast, naming tracking.uri: a sqlite file whose folder cannot be created or that is not a
-    file; an http(s) server that does not answer a TCP connection within ``connect_timeout_s``
-    (MLflow itself would retry for minutes)."""
+    """Fail fast: a sqlite file whose folder cannot be created or that is not a file (a `FilesystemError`
+    naming tracking.uri); an http(s) server that does not answer a TCP connection within
+    ``connect_timeout_s`` (MLflow itself would retry for minutes)."""
     db = sqlite_path(uri)
     if db is not None:
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
             if db.exists() and not db.is_file():
-                raise ConfigError("tracking.uri", uri, f"{db} exists and is not a file", _FIX)
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(db))
         except OSError as exc:
-            raise ConfigError("tracking.uri", uri, f"cannot create the store's folder ({os_reason(exc)})", _FIX) from None
+            raise filesystem_error(exc, [store_place(db)]) from None
         return
     check_driver(uri)
     check_answers(uri, connect_timeout_s)
@@ -125,21 +140,26 @@ def check_driver(uri: str) -> None:
                           f"write dialect://user@host/database, or use a local store ({LOCAL_STORE})") from None
 
 
-def check_artifact_location(location: Optional[str], field: str) -> None:
-    """Create the local folder of an artifact location (a path or a file: URI), or refuse it naming
-    ``field``; remote locations are left to MLflow (any URI scheme but file:, also without ``//``: an
-    ``mlflow server --serve-artifacts`` experiment's ``mlflow-artifacts:/1``; a one-letter scheme is a
-    Windows drive)."""
-    scheme = urlsplit(location or "").scheme
-    if not location or (len(scheme) > 1 and scheme != "file"):
+def check_artifact_location(location: Optional[str]) -> None:
+    """Create the local folder of an artifact location (a path or a file: URI), or refuse it (a
+    `FilesystemError` naming tracking.artifact_root); remote locations are left to MLflow (`local_folder`)."""
+    folder = local_folder(location)
+    if folder is None:
         return
-    folder = Path(urlsplit(location).path if location.startswith("file:") else location)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(field, location, f"the artifact folder cannot be created ({os_reason(exc)})",
-                          "point tracking.artifact_root at a writable folder (an existing experiment keeps the "
-                          "folder it was created with: set tracking.experiment to a new name)") from None
+        raise filesystem_error(exc, [artifact_place(folder)]) from None
+
+
+def local_folder(location: Optional[str]) -> Optional[Path]:
+    """The folder of a local artifact location (a path or a file: URI); None for a remote one (any URI
+    scheme but file:, also without ``//``: an ``mlflow server --serve-artifacts`` experiment's
+    ``mlflow-artifacts:/1``; a one-letter scheme is a Windows drive)."""
+    scheme = urlsplit(location or "").scheme
+    if not location or (len(scheme) > 1 and scheme != "file"):
+        return None
+    return Path(urlsplit(location).path if location.startswith("file:") else location)
 
 
 def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
@@ -266,12 +286,29 @@ def busy_timeout_of_uri(conn: Any, cursor: Any, statement: str, parameters: Any,
 
 
 def honour_busy_timeout() -> None:
-    """Listen (once per process) with `busy_timeout_of_uri` to every SQLAlchemy engine."""
+    """Listen (once per process) with `busy_timeout_of_uri` to every SQLAlchemy engine, and keep
+    MLflow's session errors to their message (`WithoutTraceback`)."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
     if not event.contains(Engine, "before_cursor_execute", busy_timeout_of_uri):
         event.listen(Engine, "before_cursor_execute", busy_timeout_of_uri, retval=True)
+    sessions = logging.getLogger(MLFLOW_SESSION_LOGGER)
+    if not any(isinstance(f, WithoutTraceback) for f in sessions.filters):
+        sessions.addFilter(WithoutTraceback())
+
+
+# MLflow logs a store session's database error with its traceback, then raises it: tamrun names what it
+# raises (a locked store, a read-only or full disk, ...), so the log keeps the message alone.
+MLFLOW_SESSION_LOGGER = "mlflow.store.db.utils"
+
+
+class WithoutTraceback(logging.Filter):
+    """Drops a record's traceback, keeps its message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
 
 
 def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float) -> SignalSafe:
