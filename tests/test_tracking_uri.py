@@ -62,3 +62,20 @@ def test_a_failed_run_names_its_store_before_the_error_line(tmp_path, csv_path):
     assert done.stderr.strip().splitlines()[-1].startswith("tamrun: data error: model.effects.sx.column='nope'")
     (log,) = (tmp_path / "outputs").glob("*/*/tamrun.log")
     assert log.read_text().strip().splitlines()[-1].endswith(ran)
+
+
+def test_a_bad_uri_in_the_environment_is_named_by_its_variable(tmp_path):
+    """The user never wrote tracking.uri: the message names MLFLOW_TRACKING_URI."""
+    done = tamrun("mode=run", "tracking.log_model=false", cwd=tmp_path,
+                  env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
+    assert ("tamrun: config error: MLFLOW_TRACKING_URI='http://127.0.0.1:9': the tracking server 127.0.0.1:9 does not "
+            "answer within tracking.connect_timeout_s=5 s") in done.stderr, done.stderr
+    assert "(the URI is the environment variable MLFLOW_TRACKING_URI's: change or unset it, or set tracking.uri)" \
+        in done.stderr
+    unwritable = tamrun("tracking.log_model=false", cwd=tmp_path,
+                        env={"MLFLOW_TRACKING_URI": "sqlite:////proc/forbidden/mlflow.db"})
+    assert unwritable.returncode == 2, unwritable.stderr
+    assert ("tamrun: filesystem error: /proc/forbidden: cannot be created ([Errno 2] No such file or directory; the "
+            "MLflow store, MLFLOW_TRACKING_URI). Fix: point MLFLOW_TRACKING_URI at a store in a writable folder") \
+        in unwritable.stderr, unwritable.stderr

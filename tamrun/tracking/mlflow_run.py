@@ -59,6 +59,22 @@ def tracking_uri(cfg: TrackingConfig) -> str:
     return os.environ.get(MLFLOW_URI_ENV, "").strip() or default_tracking_uri()
 
 
+def uri_setting(cfg: TrackingConfig) -> str:
+    """What the store's URI is named by in messages: `MLFLOW_URI_ENV` when the URI came from it (neither
+    tracking.uri nor tracking.uri_env given), else tracking.uri."""
+    if cfg.uri or cfg.uri_env or not os.environ.get(MLFLOW_URI_ENV, "").strip():
+        return "tracking.uri"
+    return MLFLOW_URI_ENV
+
+
+def renamed_uri_error(error: ConfigError, setting: str) -> ConfigError:
+    """A store's error about tracking.uri, naming ``setting`` (the environment variable the URI came from)."""
+    renamed = ConfigError(setting, error.value, error.problem, f"{error.fix} (the URI is the environment variable "
+                          f"{setting}'s: change or unset it, or set tracking.uri)")
+    renamed.run_id = error.run_id
+    return renamed
+
+
 class TrackedRun:
     """Context manager for one MLflow run; ``enabled=False`` makes every call a no-op.
 
@@ -91,8 +107,7 @@ class TrackedRun:
         self._signals = signals_as_interrupts()
         self._signals.__enter__()
         try:
-            check_store(self.uri, self.cfg.connect_timeout_s)
-            self._open()
+            self._check_and_open()
         except BaseException as exc:
             if self.run_id is None:
                 self._restore_signals()
@@ -109,9 +124,19 @@ class TrackedRun:
     def start_detached(self) -> str:
         """Create the run without the signal handlers and run log of ``with`` (a sweep's parent run,
         ended by another call); returns its id."""
-        check_store(self.uri, self.cfg.connect_timeout_s)
-        self._open()
+        self._check_and_open()
         return self.run_id
+
+    def _check_and_open(self) -> None:
+        """`check_store`, then `_open`; an error about tracking.uri names the variable the URI came from."""
+        setting = uri_setting(self.cfg)
+        try:
+            check_store(self.uri, self.cfg.connect_timeout_s, setting)
+            self._open()
+        except ConfigError as exc:
+            if exc.field != "tracking.uri" or setting == "tracking.uri":
+                raise
+            raise renamed_uri_error(exc, setting) from None
 
     def _restore_signals(self) -> None:
         if self._signals is not None:
@@ -162,7 +187,7 @@ class TrackedRun:
         `tamrun.filesystem.filesystem_error`."""
         db, folder = sqlite_path(self.uri), local_folder(self.artifact_location)
         return ([artifact_place(folder)] if folder is not None else []) + \
-            ([store_place(db)] if db is not None else []) + [temporary_place()]
+            ([store_place(db, uri_setting(self.cfg))] if db is not None else []) + [temporary_place()]
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self.enabled or self.run_id is None:

@@ -37,7 +37,7 @@ from tamrun.errors import ConfigError
 from tamrun.filesystem import Place, filesystem_error
 from tamrun.tracking.secrets import masked
 from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
-from tamrun.tracking.store_wait import StoreWatch, holders_text
+from tamrun.tracking.store_wait import StoreWatch, holders_text, lock_holders
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,11 @@ ARTIFACT_FIX = ("point tracking.artifact_root at a writable folder (an existing 
                 "created with: set tracking.experiment to a new name)")
 
 
-def store_place(db: Path) -> Place:
-    """A sqlite store's folder (its database and sqlite's journal beside it), for `filesystem_error`."""
-    return Place("tracking.uri", db.parent, "the MLflow store", "point tracking.uri at a store in a writable folder "
-                 "(tracking.uri=sqlite:////<folder>/mlflow.db), or set tracking.enabled=false", file=db)
+def store_place(db: Path, setting: str = "tracking.uri") -> Place:
+    """A sqlite store's folder (its database and sqlite's journal beside it), for `filesystem_error`;
+    ``setting``: where its URI came from (tracking.uri, or the environment's MLFLOW_TRACKING_URI)."""
+    return Place(setting, db.parent, "the MLflow store", f"point {setting} at a store in a writable folder "
+                 f"({setting}=sqlite:////<folder>/mlflow.db), or set tracking.enabled=false", file=db)
 
 
 def artifact_place(folder: Path) -> Place:
@@ -81,9 +82,9 @@ DRIVER_PACKAGES = {"psycopg": "'tamrun[team]' (psycopg 3; or psycopg2-binary, wi
 DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
-def check_store(uri: str, connect_timeout_s: float) -> None:
+def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri") -> None:
     """Fail fast: a sqlite file whose folder cannot be created or that is not a file (a `FilesystemError`
-    naming tracking.uri); an http(s) server that does not answer a TCP connection within
+    naming ``setting``); an http(s) server that does not answer a TCP connection within
     ``connect_timeout_s`` (MLflow itself would retry for minutes)."""
     db = sqlite_path(uri)
     if db is not None:
@@ -92,7 +93,7 @@ def check_store(uri: str, connect_timeout_s: float) -> None:
             if db.exists() and not db.is_file():
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(db))
         except OSError as exc:
-            raise filesystem_error(exc, [store_place(db)]) from None
+            raise filesystem_error(exc, [store_place(db, setting)]) from None
         return
     check_driver(uri)
     check_answers(uri, connect_timeout_s)
@@ -168,7 +169,8 @@ def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
     else names tracking.uri."""
     if "database is locked" in reason:
         db = sqlite_path(uri)
-        who = (holders_text(db) if db is not None else None) or "another process"
+        holders = lock_holders(db) if db is not None else None
+        who = holders_text(holders) if holders else "another process"
         return ConfigError("tracking.busy_timeout_s", busy_timeout_s,
                            f"{who} held the store {masked(uri)} locked for longer ({reason})",
                            "raise tracking.busy_timeout_s, or stop the process that holds the store")

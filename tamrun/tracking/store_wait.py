@@ -31,8 +31,9 @@ FIRST_NOTICE_S = 2.0  # a call waiting this long says so ...
 NOTICE_EVERY_S = 10.0  # ... and again this often
 POLL_S = 0.5  # how often the watch looks at a call that lasts (and at the locks)
 IDLE_S = 30.0  # the watch's thread ends after this long without a call (the next call starts it again)
-# The bytes a sqlite database file is locked on (its unix VFS): PENDING, RESERVED and the 510 shared ones.
-SQLITE_LOCK_BYTES = (0x40000000, 0x40000000 + 511)
+# The first of the bytes a sqlite database file is locked on (its unix VFS: PENDING, then RESERVED and the
+# 510 shared ones).
+SQLITE_PENDING_BYTE = 0x40000000
 PROC_LOCKS = Path("/proc/locks")
 
 
@@ -53,7 +54,7 @@ def lock_holders(path: Path) -> Optional[List[Tuple[int, str]]]:
         if len(parts) < 8 or parts[5] != inode or parts[4] == str(os.getpid()):
             continue
         end = (1 << 63) if parts[7] == "EOF" else int(parts[7])
-        if end >= SQLITE_LOCK_BYTES[0] or parts[1] == "FLOCK" or path.suffix == ".lock":
+        if end >= SQLITE_PENDING_BYTE or parts[1] == "FLOCK" or path.suffix == ".lock":
             found.append((int(parts[4]), parts[3]))
     return sorted(set(found), key=lambda holder: (holder[1] != "WRITE", holder[0]))
 
@@ -66,12 +67,8 @@ def process_name(pid: int) -> str:
         return str(pid)
 
 
-def holders_text(path: Path) -> Optional[str]:
-    """``process 4242 (python)`` (up to three) for the other processes that lock ``path``; None for none,
-    or where that cannot be read."""
-    holders = lock_holders(path)
-    if not holders:
-        return None
+def holders_text(holders: List[Tuple[int, str]]) -> str:
+    """``process 4242 (python)``, or ``processes ...`` (up to three), for `lock_holders`' list."""
     return f"process{'es' if len(holders) > 1 else ''} " + ", ".join(process_name(pid) for pid, _ in holders[:3])
 
 
@@ -118,7 +115,7 @@ class StoreWatch:
             if holders is None:
                 return f"another process may hold its lock; tamrun gives up after {limit} s"
             if holders:
-                return f"{holders_text(path)} {'holds' if len(holders) == 1 else 'hold'} {path.name}'s lock; " \
+                return f"{holders_text(holders)} {'holds' if len(holders) == 1 else 'hold'} {path.name}'s lock; " \
                        f"tamrun gives up after {limit} s"
         return None
 
