@@ -1,10 +1,10 @@
 """Waiting on a store out loud.
 
-A call on the store (opening it, creating the run, logging, ending it) that has not returned after
-`FIRST_NOTICE_S` while another process holds the store's lock says so, and again every
-`NOTICE_EVERY_S`: which process holds it and how long tamrun waits (``tracking.busy_timeout_s`` for
-sqlite's own lock, ``tracking.lock_timeout_s`` for ``<db>.lock``). Before, a run waited in silence (58 s
-once, for a lock held that long).
+A call on the store (opening it, creating the run, logging, ending it) that has not returned within 2 s
+(`FIRST_NOTICE_S`, then the next look of the watch) while another process holds the store's lock says
+so, and again every `NOTICE_EVERY_S`: which process holds it and how long tamrun waits
+(``tracking.busy_timeout_s`` for sqlite's own lock, ``tracking.lock_timeout_s`` for ``<db>.lock``).
+Before, a run waited in silence (58 s once, for a lock held that long).
 
 `StoreWatch` watches from one thread of its own: the calls only mark their start and end. The holders
 of a sqlite file's locks are read from ``/proc/locks`` (Linux), which opens no file: a process that
@@ -27,7 +27,7 @@ from tamrun.tracking.secrets import masked
 
 log = logging.getLogger(__name__)
 
-FIRST_NOTICE_S = 2.0  # a call waiting this long says so ...
+FIRST_NOTICE_S = 1.5  # a call waiting this long says so (within 2 s: the watch looks every POLL_S) ...
 NOTICE_EVERY_S = 10.0  # ... and again this often
 POLL_S = 0.5  # how often the watch looks at a call that lasts (and at the locks)
 IDLE_S = 30.0  # the watch's thread ends after this long without a call (the next call starts it again)
