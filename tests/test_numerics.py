@@ -151,3 +151,13 @@ def test_the_robust_spread_holds_for_targets_that_are_mostly_one_value():
     heavy = np.random.default_rng(0).lognormal(0, 1.5, 100_000)  # a heavy but real tail: nothing flagged
     median = float(np.median(heavy))
     assert np.abs(heavy - median).max() < OUTLIER_SPREADS * robust_spread(heavy, median)
+
+
+def test_an_adaptive_run_on_an_outlier_let_through_is_not_finished(compose_cfg, tmp_path, store_uri):
+    """mode=adaptive (sliding windows) checks its forecasts as the plain run does."""
+    path = edited_csv(tmp_path, {100: 1e308})
+    with pytest.raises(NumericalError, match=r"predictions=.*: the largest test \((adaptive|static)\) prediction is "
+                                             r"more than 1e\+06 times the training target's scale"):
+        run(compose_cfg(*csv_overrides(path), *FAST, "data.target_outliers=warn", "mode=adaptive", "adaptive.step=7",
+                        "adaptive.horizon=10", "adaptive.window=30"))
+    assert only_run_status(store_uri) == "FAILED"
