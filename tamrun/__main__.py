@@ -1,11 +1,13 @@
 """``python -m tamrun [overrides]``: a thin Hydra entry point around `tamrun.runner.run`.
 
-Exit codes: 0 success; 2 bad input (config, data, device, memory limit, store: one readable message,
-no traceback unless ``hydra.verbose=true`` or TAMRUN_DEBUG=1); 130 / 143 interrupted by SIGINT /
-SIGTERM (the MLflow run is marked KILLED); 1 an internal error (a bug: the line ``tamrun: internal
-error: <type>: <message> (a bug of tamrun's; traceback in <the job's log>)``, the run FAILED). A
-multirun's jobs run whatever another did; it exits 1 when a job ended on an internal error, else 2 when
-one did not finish, and its last line says which and why.
+Exit codes: 0 success; 2 bad input (config, data, device, memory limit, store, a folder or file that
+cannot be created or written: one readable message, no traceback unless ``hydra.verbose=true`` or
+TAMRUN_DEBUG=1); 130 / 143 interrupted by SIGINT / SIGTERM (the MLflow run is marked KILLED); 1 an
+internal error (a bug: the line ``tamrun: internal error: <type>: <message> (a bug of tamrun's; traceback
+in <the job's log>)``, the run FAILED). A multirun's jobs run whatever another did; it exits 1 when a job
+ended on an internal error, else 2 when one did not finish, and its last line says which and why. Every
+error is named once, by `tamrun.outcome`: in the job that raised it (`job_failed`), or here when it came
+from Hydra or from around the jobs.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from tamrun.collector import ImportPause
+from tamrun.outcome import errors_raised, multirun_asked, outside_job, verbose_asked
+from tamrun.run_folder import RUN_TAG, new_run_tag
 
 if TYPE_CHECKING:
     from tamrun.tracking.sweep_failures import JobFailure
-
-REFUSED_HINT = ("tamrun: config error: Hydra refused the command line (message above). Fix: check the field's "
-                "spelling and type in docs/configuration.md (`python -m tamrun --cfg job` prints every field), "
-                "or pick an option listed by `python -m tamrun --help`\n")
 
 
 def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None) -> Optional[float]:
@@ -69,45 +69,27 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
 
     from tamrun.errors import TamrunError, error_kind, internal_error_line
     from tamrun.joblog import log_internal_error
+    from tamrun.outcome import job_places, named
     from tamrun.tracking.sweep import record_failed_job
     from tamrun.tracking.sweep_failures import job_failure
 
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     verbose = hydra_cfg.verbose or os.environ.get("TAMRUN_DEBUG")
-    internal = not isinstance(exc, TamrunError)
+    error = named(exc, job_places(hydra_cfg))
+    internal = not isinstance(error, TamrunError)
     if internal:
         log_path = log_internal_error(exc, Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}.log")
         line = internal_error_line(exc, log_path)
     else:
-        line = exc.report_line()
+        line = error.report_line()
     if verbose or (internal and not multirun):
         traceback.print_exception(type(exc), exc, exc.__traceback__)
     sys.stderr.write(line)
     if not multirun:
         sys.exit(1 if internal else 2)
-    if getattr(exc, "run_id", None) is None:  # refused before its run started: a FAILED run of its own
-        record_failed_job(cfg, tags, exc, name)
-    return job_failure(hydra_cfg.job.num, "FAILED", error_kind(exc), type(exc).__name__)
-
-
-def refused_line(exc: SystemExit, started: bool) -> Optional[str]:
-    """The line that ends Hydra's exit 1 when Hydra refused the command line before any job started (a
-    bad override, an unknown option or field, a wrong type, a missing plugin); None for any other exit.
-    Hydra exits inside its handler of the error it reported, so that error is the exit's context: one of
-    Hydra's own (`hydra.errors.HydraException`: OverrideParseException, ConfigCompositionException,
-    MissingConfigException, InstantiationException) when it refused the command line. A job's error that
-    reached Hydra (from a launcher whose jobs run in other processes, where ``started`` stays empty) and a
-    sweep's own exit code (`tamrun.tracking.sweep_failures`) are not refusals."""
-    from hydra.errors import HydraException
-
-    from tamrun.config.plugins import missing_plugin
-
-    if exc.code != 1 or started:
-        return None
-    plugin = missing_plugin(exc.__context__)
-    if plugin is not None:
-        return plugin.report_line()
-    return REFUSED_HINT if isinstance(exc.__context__, HydraException) else None
+    if getattr(error, "run_id", None) is None:  # refused before its run started: a FAILED run of its own
+        record_failed_job(cfg, tags, error, name)
+    return job_failure(hydra_cfg.job.num, "FAILED", error_kind(error), type(error).__name__)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -118,11 +100,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     # MLflow draws a download bar when it checks the logged model's input example (a local copy)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ[RUN_TAG] = new_run_tag()  # this command's Hydra folders (tamrun/run_folder.py)
     import hydra
     from omegaconf import DictConfig
 
     from tamrun.config.load import config_dir
     from tamrun.config.store import register_configs
+    from tamrun.errors import Abort
     from tamrun.tracking.signals import exit_code
 
     if argv is not None:
@@ -137,7 +121,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         return run_job(cfg, failed, imports)
 
     try:
-        app()
+        with errors_raised() as own_full_error:  # Hydra raises what it would print with a traceback
+            app()
         if failed:  # jobs run in this process, no parent run to count them (SweepCallback counts the others)
             from tamrun.tracking.sweep_failures import failure_exit_code, failure_line
 
@@ -146,12 +131,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP as tamrun.tracking.signals.Terminated
         sys.stderr.write(f"tamrun: interrupted ({exc or 'SIGINT'}); the MLflow run, if started, is marked KILLED\n")
         raise SystemExit(exit_code(exc)) from None
-    except SystemExit as exc:
-        refused = refused_line(exc, bool(started))
-        if refused is not None:  # bad input too: exit 2
-            sys.stderr.write(refused)
-            raise SystemExit(2) from None
-        raise
+    except (Exception, Abort) as exc:  # Hydra's own, or around the jobs: named here (tamrun/outcome.py)
+        lines, code = outside_job(exc, bool(started), multirun_asked(sys.argv[1:]),
+                                  verbose_asked(sys.argv[1:], own_full_error))
+        sys.stderr.write(lines)
+        raise SystemExit(code) from None
     finally:
         # Everything alive now lives until the process ends: without this, the interpreter's last
         # collections walk torch's, pandas' and mlflow's millions of objects (1.2 s of a 10 s run).

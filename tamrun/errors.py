@@ -3,6 +3,8 @@
 Every subclass of `TamrunError` ends a command-line run with exit code 2 and one readable
 message, without a traceback; anything else is an internal error (a bug of tamrun's, or of a library
 under it): exit code 1, one line naming it (`internal_error_line`) and its traceback in the job's log.
+A `FilesystemError` (a folder or file that cannot be created or written, a full disk) is bad input too:
+the entry point names it (`tamrun.filesystem`), whatever raised it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ LOST = "lost"  # a sweep job whose process was lost (its worker or node died: ta
 LONGEST_VALUE = 160  # characters of a value's repr a message shows (a 5000-character path is cut)
 
 
-def shown(value: Any) -> str:
-    """``repr(value)``, its middle cut when it is longer than `LONGEST_VALUE` (the length is said)."""
-    text = repr(value)
+def shown(value: Any, text: Optional[str] = None) -> str:
+    """``repr(value)`` (or ``text``), its middle cut when it is longer than `LONGEST_VALUE` (the length is
+    said)."""
+    text = repr(value) if text is None else text
     if len(text) <= LONGEST_VALUE:
         return text
     return f"{text[:100]}...{text[-40:]} ({len(text)} characters)"
@@ -83,6 +86,28 @@ class MemoryBudgetError(TamrunError):
     kind = "memory"
 
 
+class FilesystemError(TamrunError):
+    """A folder or file the command writes that cannot be created or written: a read-only folder or file
+    system, a full disk, a path the system refuses. ``field`` is the setting that chose the place
+    (hydra.run.dir, tracking.uri, tracking.artifact_root, ...), ``value`` its path; the message starts with
+    the path: ``tamrun: filesystem error: <path>: <problem>. Fix: <fix>``."""
+
+    kind = "filesystem"
+
+    def __init__(self, field: str, value: Any, problem: str, fix: str) -> None:
+        super().__init__(field, value, problem, fix)
+        self.args = (f"{shown(value, str(value))}: {problem}. Fix: {fix}",)
+
+
+class Abort(BaseException):
+    """Carries ``error`` past code that would turn an exception into a warning (Hydra's callbacks) to the
+    entry point, which reports it as it reports any other."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class NumericalError(TamrunError):
     """The fit or its evaluation produced numbers that are not finite (a near-singular system, a
     value beyond the dtype's range)."""
@@ -110,7 +135,8 @@ def error_kind(error: BaseException) -> str:
 
 def internal_error_line(error: BaseException, log_path: Any) -> str:
     """The line an internal error is reported with: ``tamrun: internal error: <type>: <first line of its
-    message> (a bug of tamrun's; traceback in <log_path>)``."""
+    message> (a bug of tamrun's; traceback in <log_path>)`` (``traceback above`` without a log)."""
     lines = str(error).strip().splitlines()
     named = f"{type(error).__name__}: {lines[0][:LONGEST_VALUE]}" if lines else type(error).__name__
-    return f"tamrun: internal error: {named} (a bug of tamrun's; traceback in {log_path})\n"
+    where = f"traceback in {log_path}" if log_path is not None else "traceback above"
+    return f"tamrun: internal error: {named} (a bug of tamrun's; {where})\n"

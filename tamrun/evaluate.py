@@ -52,6 +52,40 @@ def require_finite(values: Dict[str, float], what: str, cause: str) -> None:
                              f"{', '.join(bad[:5])})", cause)
 
 
+# A prediction, or an RMSE, this many times the training target's scale (`target_scale`) is not a forecast:
+# six orders of magnitude, far beyond any extrapolation of a fit to that target (a run that makes one fails).
+ABSURD_FACTOR = 1e6
+TRAINING_BAND = (0.01, 0.99)  # the quantiles of the training target that give its scale (a few absurd values aside)
+
+
+def target_scale(train_target: np.ndarray) -> float:
+    """The size of the training target's values: the larger magnitude of its 1st and 99th percentiles
+    (its largest magnitude when both are 0; 1 for a target that is 0 throughout)."""
+    values = np.asarray(train_target, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return 1.0
+    scale = float(np.max(np.abs(np.quantile(values, TRAINING_BAND))))
+    return scale or float(np.max(np.abs(values))) or 1.0
+
+
+def require_plausible(predictions: Dict[str, np.ndarray], metrics: Dict[str, float], train_target: np.ndarray,
+                      cause: str) -> None:
+    """`NumericalError` naming the first split whose largest prediction, or the first RMSE, exceeds
+    `ABSURD_FACTOR` times the training target's scale: finite, but meaningless (a run that produced one
+    never ends FINISHED)."""
+    scale = target_scale(train_target)
+    found = [("predictions", f"the largest {split} prediction", float(np.max(np.abs(values))))
+             for split, values in predictions.items() if np.size(values)]
+    found += [(name, "it", value) for name, value in metrics.items() if name.startswith("rmse")]
+    for field, what, value in found:
+        if value > ABSURD_FACTOR * scale:
+            raise NumericalError(field, float(f"{value:.6g}"), f"{what} is more than {ABSURD_FACTOR:g} times the "
+                                 f"training target's scale ({scale:.6g}, the larger of its 1st and 99th percentiles): "
+                                 "not a forecast", f"look for absurd target values (data.target_outliers=error names "
+                                 f"them); {cause}")
+
+
 def scored(batch: GroupedBatch, predicted: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
     """(actual, predicted) of a split's real rows (N_real,) in batch order: what its metrics need,
     without the predictions table."""

@@ -1,7 +1,7 @@
 """An internal error's traceback in the job's log file, not on the console.
 
 Hydra's job logging writes every record of a job to ``<hydra.runtime.output_dir>/<hydra.job.name>.log``
-(``outputs/<date>/<time>/tamrun.log`` for a run, ``<sweep dir>/<job>/tamrun.log`` for a sweep's job, in
+(``outputs/<date>/<time>-<pid>-<hex>/tamrun.log`` for a run, ``<sweep dir>/<job>/tamrun.log`` for a sweep's job, in
 whichever process or node ran it). `log_internal_error` hands the error's record, traceback included, to
 the file handlers of the root logger only: the console keeps the one line that names the error and this
 file (`tamrun.errors.internal_error_line`). With no file handler (``hydra/job_logging=disabled``, a

@@ -22,7 +22,8 @@ from tamrun.config.effects import effect_columns
 from tamrun.config.schema import AdaptiveMethod, Config, DataConfig, DType, ModeName, PenaltyMode, TrackingConfig
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
-                                 check_duplicate_dates, check_table, check_target_leakage, drop_missing_groups, enforce)
+                                 check_duplicate_dates, check_table, check_target_leakage, check_target_outliers,
+                                 drop_missing_groups, enforce)
 from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
 from tamrun.data.load import frame_bytes, load_table
 from tamrun.data.split import carve_validation, split_by_date
@@ -75,6 +76,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
     check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates)
+    frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
                         frame[data.date_column].min() if len(frame) else None)

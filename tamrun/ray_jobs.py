@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -20,12 +21,16 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from tamrun.run_folder import RUN_TAG
+
 log = logging.getLogger(__name__)
 
 
 def run_job_in_ray(hydra_context: Any, sweep_config: DictConfig, task_function: Any,
-                   singleton_state: Dict[Any, Any]) -> JobReturn:
-    """One job inside its Ray task: Hydra's state restored, then Hydra's ``run_job``."""
+                   singleton_state: Dict[Any, Any], run_tag: str = "") -> JobReturn:
+    """One job inside its Ray task: Hydra's state restored, the launching command's ``run_tag`` (the end
+    of its sweep folder, `tamrun.run_folder`) set, then Hydra's ``run_job``."""
+    os.environ[RUN_TAG] = run_tag
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(sweep_config)
@@ -67,7 +72,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
         config = job_config(launcher, overrides, idx)
         ref = remote.remote(hydra_context=launcher.hydra_context, sweep_config=config,
-                            task_function=launcher.task_function, singleton_state=Singleton.get_state())
+                            task_function=launcher.task_function, singleton_state=Singleton.get_state(),
+                            run_tag=os.environ.get(RUN_TAG, ""))
         submitted.append((idx, overrides, config, ref))
     return [collect(ray, idx, overrides, config, ref) for idx, overrides, config, ref in submitted]
 

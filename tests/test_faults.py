@@ -124,7 +124,8 @@ def test_a_signal_mid_fit_ends_the_run_killed_promptly(tmp_path, csv_path, signu
 
 # Loaded into the child by PYTHONPATH: once the first statement that starts with $GATE_STATEMENT has run
 # (its transaction still open, the store's write lock held: the worst instant for an interrupt), writes
-# $GATE_DIR/waiting and waits there, inside SQLAlchemy, until $GATE_DIR/go exists.
+# $GATE_DIR/waiting and waits there, inside SQLAlchemy, until $GATE_DIR/go exists. With
+# $GATE_EVENT=before_cursor_execute it waits just before that statement instead.
 STORE_GATE = """
 import os, time
 from pathlib import Path
@@ -140,7 +141,7 @@ def gate(conn, cursor, statement, parameters, context, executemany):
     while not (folder / "go").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
 
-event.listen(Engine, "after_cursor_execute", gate)
+event.listen(Engine, os.environ.get("GATE_EVENT", "after_cursor_execute"), gate)
 """
 
 STORE_POINTS = {"run-creation": "INSERT INTO runs", "params-at-start": "INSERT INTO params",

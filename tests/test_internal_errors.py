@@ -22,9 +22,9 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tamrun.__main__ import REFUSED_HINT
-from tamrun.errors import (ConfigError, DataError, DeviceError, MemoryBudgetError, NumericalError, TamrunError,
-                           error_kind, internal_error_line)
+from tamrun.outcome import REFUSED_HINT
+from tamrun.errors import (ConfigError, DataError, DeviceError, FilesystemError, MemoryBudgetError, NumericalError,
+                           TamrunError, error_kind, internal_error_line)
 from tamrun.tracking.sweep_failures import failure_exit_code, failure_line, job_failure
 
 from test_cli import tamrun
@@ -168,7 +168,8 @@ def test_an_option_hydra_cannot_find_is_still_refused_as_the_command_line(tmp_pa
     assert done.stderr.endswith(REFUSED_HINT) and "internal error" not in done.stderr
 
 
-@pytest.mark.parametrize("error", [ConfigError, DataError, DeviceError, MemoryBudgetError, NumericalError, TamrunError])
+@pytest.mark.parametrize("error", [ConfigError, DataError, DeviceError, MemoryBudgetError, NumericalError, FilesystemError,
+                                   TamrunError])
 def test_a_tamrun_error_crosses_processes_whole(error):
     """Pickled as joblib's and Ray's workers send a job's exception back: same class, message, fields,
     run id and report line."""
@@ -188,6 +189,9 @@ def test_error_kinds_reasons_and_exit_codes():
     assert error_kind(KeyboardInterrupt()) == "interrupted"
     assert internal_error_line(RuntimeError(), "/x/tamrun.log") == (
         "tamrun: internal error: RuntimeError (a bug of tamrun's; traceback in /x/tamrun.log)\n")
+    assert internal_error_line(RuntimeError("x"), None) == (  # outside a job, before any log: printed above it
+        "tamrun: internal error: RuntimeError: x (a bug of tamrun's; traceback above)\n")
+    assert error_kind(FilesystemError("hydra.run.dir", "/x", "p", "f")) == "filesystem"
     failures: List = [job_failure(0, "KILLED", "", ""), job_failure(3, "FAILED", "data", "DataError")]
     assert failure_exit_code(failures) == 2
     assert failure_line(failures, 4) == ("tamrun: 2 of 4 sweep job(s) did not finish (job 0: KILLED; job 3: data "
@@ -196,3 +200,31 @@ def test_error_kinds_reasons_and_exit_codes():
     assert failure_exit_code(failures) == 1 and failures[-1].reason == "internal error OutOfMemoryError"
     assert job_failure(1, "KILLED", "lost", "").reason == "KILLED (lost)"
     assert job_failure(1, "FAILED", "lost", "RuntimeError").reason == "FAILED (lost, RuntimeError)"
+
+
+def test_an_error_outside_any_job_is_named_once_by_the_entry_point(capsys):
+    """What reaches the entry point from Hydra or the code around the jobs: a bug prints its traceback and
+    exits 1, a refused write exits 2 naming Hydra's folder, Hydra's own refusal keeps its hint, and an
+    `Abort` is reported as the error it carries."""
+    from hydra.errors import OverrideParseException
+
+    from tamrun.errors import Abort
+    from tamrun.outcome import outside_job
+
+    try:
+        raise RuntimeError("a bug around the jobs")
+    except RuntimeError as bug:
+        lines, code = outside_job(bug, started=True, multirun=False, verbose=False)
+    assert (lines, code) == ("tamrun: internal error: RuntimeError: a bug around the jobs (a bug of tamrun's; "
+                             "traceback above)\n", 1)
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+    lines, code = outside_job(Abort(PermissionError(13, "Permission denied", "out")), started=False, multirun=True,
+                              verbose=False)
+    assert code == 2 and lines.startswith(f"tamrun: filesystem error: {Path.cwd() / 'out'}: cannot be created or "
+                                          "written ([Errno 13] Permission denied; the sweep's Hydra folder, "
+                                          "hydra.sweep.dir)")
+    lines, code = outside_job(OverrideParseException("x=", "mismatched input"), started=False, multirun=False, verbose=False)
+    assert (lines, code) == ("mismatched input\n" + REFUSED_HINT, 2)
+    lines, code = outside_job(OverrideParseException("x=", "after a job"), started=True, multirun=False, verbose=False)
+    assert code == 1 and "internal error: OverrideParseException" in lines  # Hydra's, but not a refusal then
+    assert not capsys.readouterr().out

@@ -81,3 +81,83 @@ def test_a_target_near_1e200_fits_with_a_finite_rmse(compose_cfg, csv_path, tmp_
     huge = run(compose_cfg(*csv_overrides(scaled_csv(tmp_path, 1e200)), "tracking=none"))
     assert math.isfinite(huge.metrics["rmse_test"])
     assert huge.metrics["rmse_test"] == pytest.approx(1e200 * plain.metrics["rmse_test"], rel=1e-9)
+
+
+# --- absurd values (issue 35): finite but meaningless targets, predictions and metrics never end FINISHED
+
+def edited_csv(tmp_path: Path, rows: dict, name: str = "edited.csv") -> Path:
+    """The synthetic table with the target of the rows (index -> value) replaced."""
+    frame = synthetic_frame()
+    for row, value in rows.items():
+        frame.loc[row, "y"] = value
+    path = tmp_path / name
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_a_target_of_1e308_among_ordinary_values_is_refused_naming_its_row(compose_cfg, tmp_path, store_uri):
+    """Before issue 35 this run ended FINISHED with rmse_train 3.7e306 and ordinary days predicted near 1e302."""
+    path = edited_csv(tmp_path, {100: 1e308})
+    with pytest.raises(DataError) as refused:
+        run(compose_cfg(*csv_overrides(path), *FAST))
+    message = str(refused.value)
+    assert message.startswith("data.target='y': 1 row(s) lie far outside the rest (farther from the median ")
+    assert "2020-01-05 04:00:00 in group 1 (1e+308)" in message and "data.target_outliers=drop" in message
+    assert only_run_status(store_uri) == "FAILED"
+
+
+def test_a_sentinel_value_is_refused_and_every_row_is_counted(compose_cfg, tmp_path):
+    path = edited_csv(tmp_path, {row: -999999.0 for row in range(10, 80, 10)})
+    with pytest.raises(DataError, match=r"7 row\(s\) lie far outside the rest.*\(-999999\) and 2 more"):
+        run(compose_cfg(*csv_overrides(path), "tracking=none"))
+
+
+def test_dropping_the_outliers_fits_as_the_file_without_them(compose_cfg, tmp_path):
+    dropped = run(compose_cfg(*csv_overrides(edited_csv(tmp_path, {100: 1e308})), "tracking=none",
+                              "data.target_outliers=drop"))
+    frame = synthetic_frame().drop(index=100)
+    clean = tmp_path / "clean.csv"
+    frame.to_csv(clean, index=False)
+    expected = run(compose_cfg(*csv_overrides(clean), "tracking=none"))
+    assert dropped.metrics["n_train_rows"] == expected.metrics["n_train_rows"] == 366 * 24 - 1
+    assert np.array_equal(dropped.coef.numpy(), expected.coef.numpy())
+
+
+def test_a_fit_on_an_outlier_let_through_is_not_finished(compose_cfg, tmp_path, store_uri):
+    """data.target_outliers=warn fits the 1e308 as it is: the predictions' check refuses the run."""
+    path = edited_csv(tmp_path, {100: 1e308})
+    with pytest.raises(NumericalError, match=r"predictions=6\.\d+e\+305: the largest train prediction is more than "
+                                             r"1e\+06 times the training target's scale"):
+        run(compose_cfg(*csv_overrides(path), *FAST, "data.target_outliers=warn"))
+    assert only_run_status(store_uri) == "FAILED"
+
+
+def test_an_absurd_test_value_makes_an_absurd_rmse_and_is_refused(compose_cfg, tmp_path, store_uri):
+    """The outlier is in the test year: the fit and its predictions are sound, rmse_test is not."""
+    test_row = 366 * 24 + 5
+    path = edited_csv(tmp_path, {test_row: 1e300})
+    with pytest.raises(NumericalError, match=r"rmse_test=\d\.\d+e\+298: it is more than 1e\+06 times"):
+        run(compose_cfg(*csv_overrides(path), *FAST, "data.target_outliers=warn"))
+    assert only_run_status(store_uri) == "FAILED"
+
+
+def test_the_robust_spread_holds_for_targets_that_are_mostly_one_value():
+    from tamrun.data.checks import OUTLIER_SPREADS, robust_spread
+
+    intermittent = np.array([0.0] * 60 + [100.0] * 40)  # the median absolute deviation is 0
+    spread = robust_spread(intermittent, float(np.median(intermittent)))
+    assert spread == pytest.approx(1.2533 * 40) and 100 < OUTLIER_SPREADS * spread
+    assert robust_spread(np.ones(10), 1.0) == 0.0
+    heavy = np.random.default_rng(0).lognormal(0, 1.5, 100_000)  # a heavy but real tail: nothing flagged
+    median = float(np.median(heavy))
+    assert np.abs(heavy - median).max() < OUTLIER_SPREADS * robust_spread(heavy, median)
+
+
+def test_an_adaptive_run_on_an_outlier_let_through_is_not_finished(compose_cfg, tmp_path, store_uri):
+    """mode=adaptive (sliding windows) checks its forecasts as the plain run does."""
+    path = edited_csv(tmp_path, {100: 1e308})
+    with pytest.raises(NumericalError, match=r"predictions=.*: the largest test \((adaptive|static)\) prediction is "
+                                             r"more than 1e\+06 times the training target's scale"):
+        run(compose_cfg(*csv_overrides(path), *FAST, "data.target_outliers=warn", "mode=adaptive", "adaptive.step=7",
+                        "adaptive.horizon=10", "adaptive.window=30"))
+    assert only_run_status(store_uri) == "FAILED"

@@ -112,13 +112,13 @@ def test_a_remote_artifact_location_creates_no_local_folder(tmp_path, monkeypatc
     """A server's artifact location (``mlflow server --serve-artifacts`` gives ``mlflow-artifacts:/1``,
     without ``//``) is not a relative path: no folder named after it appears in the working directory."""
     monkeypatch.chdir(tmp_path)
-    check_artifact_location(location, "tracking.artifact_root")
+    check_artifact_location(location)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_local_artifact_location_is_created(tmp_path):
     for location in (str(tmp_path / "a" / "1"), f"file://{tmp_path / 'b' / '1'}"):
-        check_artifact_location(location, "tracking.artifact_root")
+        check_artifact_location(location)
     assert (tmp_path / "a" / "1").is_dir() and (tmp_path / "b" / "1").is_dir()
 
 

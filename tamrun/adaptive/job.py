@@ -26,7 +26,7 @@ from tamrun.adaptive.plots import adaptive_figure
 from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates
 from tamrun.config.schema import AdaptiveMethod
 from tamrun.data.batch import GroupedBatch
-from tamrun.evaluate import mape, require_finite, rmse
+from tamrun.evaluate import mape, require_finite, require_plausible, rmse
 from tamrun.fitted import prediction_batch
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
@@ -134,6 +134,8 @@ def sliding_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics = _metrics(table, fitted, schedule, plan, recorder, prepared.oom_log, tracker)
     require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static", "mape_test_static")},
                    "a forecast metric", numerical_fix(config))
+    require_plausible({"test (adaptive)": table["adaptive"].to_numpy(), "test (static)": table["static"].to_numpy()},
+                      metrics, prepared.splits.train[config.data.target].to_numpy(), numerical_fix(config))
     log.info("adaptive: rmse_test=%s (static %s), %s s per refit, %d windows per batch",
              significant(metrics["rmse_test"]), significant(metrics["rmse_test_static"]),
              significant(metrics["seconds_per_refit"]),

@@ -22,7 +22,7 @@ import pandas as pd
 from tamrun.adaptive.filtering import (FilterInputs, FilterRun, check_input_room, filter_inputs, input_bytes,
                                       run_filters, slot_rmse)
 from tamrun.adaptive.plots import adaptive_figure, weights_figure
-from tamrun.evaluate import mape, require_finite, rmse
+from tamrun.evaluate import mape, require_finite, require_plausible, rmse
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
@@ -131,6 +131,8 @@ def kalman_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics = kalman_metrics(prepared, table, run, pair, selection)
     require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static")},
                    "a forecast metric", numerical_fix(config))
+    require_plausible({"test (adaptive)": table["adaptive"].to_numpy(), "test (static)": table["static"].to_numpy()},
+                      metrics, prepared.splits.train[config.data.target].to_numpy(), numerical_fix(config))
     log.info("kalman: rmse_test=%s (static %s), adaptation %s s over the test period, static fit %s s",
              *(significant(metrics[name]) for name in ("rmse_test", "rmse_test_static", "kalman_test_seconds",
                                                        "static_fit_seconds")))

@@ -123,6 +123,15 @@ class CheckPolicy(str, Enum):
     warn = "warn"
 
 
+class OutlierPolicy(str, Enum):
+    """What the target's outlier check does with rows far outside the rest: stop the run (exit 2), log a
+    warning, or drop them (with a warning)."""
+
+    error = "error"
+    warn = "warn"
+    drop = "drop"
+
+
 @dataclass
 class DerivedColumn:
     """A column computed from the data before the effects see it.
@@ -146,6 +155,12 @@ class DataConfig:
     source: DataSource = DataSource.embedded
     path: Optional[str] = None
     date_column: str = "date"
+    # The dates' format: strftime codes (e.g. "%d/%m/%Y %H:%M") or "ISO8601"; None: the format of the
+    # file's first date (ISO 8601 when it starts with the year), the same for every row.
+    date_format: Optional[str] = None
+    # Without date_format, a first date such as 01/02/2024 reads day first (1 February), not month first;
+    # dates that start with the year are ISO 8601 either way.
+    dayfirst: bool = False
     target: str = "Load"
     group: Optional[str] = "tod"
     # name -> DerivedColumn (typed when loaded, see `mapping_of`).
@@ -163,6 +178,9 @@ class DataConfig:
     # A model column constant within some groups of the training split (not all: see constant_features);
     # those groups' effect learns nothing.
     constant_in_group: CheckPolicy = CheckPolicy.warn
+    # Target values far outside the rest (farther from the median than tamrun.data.checks.OUTLIER_SPREADS
+    # robust spreads: a sentinel such as -999999, a 1e308): their fit and metrics would mean nothing.
+    target_outliers: OutlierPolicy = OutlierPolicy.error
     # Rows parsed at a time when reading the file: the read's transient memory is one such block
     # (its text and date strings), not the whole file's.
     read_chunk_rows: int = 65536
@@ -367,8 +385,8 @@ class SolverConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True
-    # The MLflow store, e.g. sqlite:////abs/path/mlflow.db or http://tracking-server:5000;
-    # None: sqlite:///<cwd>/outputs/mlflow.db
+    # The MLflow store, e.g. sqlite:////abs/path/mlflow.db or http://tracking-server:5000; None: the
+    # environment's MLFLOW_TRACKING_URI when set (as MLflow reads it), else sqlite:///<cwd>/outputs/mlflow.db
     uri: Optional[str] = None
     # When uri is None: the environment variable holding the URI (tracking=server: MLFLOW_TRACKING_URI),
     # so a URI with credentials is never written in a config; unset or empty is an error. None: not used.

@@ -6,11 +6,12 @@ import logging
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Iterable, List, Mapping, Optional
 
 import pandas as pd
 
-from tamrun.config.schema import DataConfig, DataSource, NanPolicy
+from tamrun.config.schema import DataConfig, DataSource
+from tamrun.data.dates import FileDates
 from tamrun.errors import DataError, os_reason
 
 log = logging.getLogger(__name__)
@@ -95,10 +96,11 @@ def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
 
 
 def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[..., None]) -> pd.DataFrame:
-    """The file's rows (``usecols`` only, if given) with the date column parsed, read in blocks of
-    data.read_chunk_rows so that the text and date strings of one block are held at a time. The room
-    for each block is checked before it is read (as big as the last one), and for joining them."""
-    parts, dropped, rows, last, held = [], 0, 0, 0, 0
+    """The file's rows (``usecols`` only, if given) with the date column parsed in one format, the first
+    date's (`tamrun.data.dates`), read in blocks of data.read_chunk_rows so that the text and date strings
+    of one block are held at a time. The room for each block is checked before it is read (as big as the
+    last one), and for joining them."""
+    parts, dropped, rows, last, held, dates = [], 0, 0, 0, 0, FileDates(cfg)
     try:
         with pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows) as reader:
             while True:
@@ -107,7 +109,7 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
                 if block is None:
                     break
                 rows += len(block)
-                block, blank = parse_dates(block, cfg.date_column, cfg.nan_policy)
+                block, blank = dates.parse(block)
                 parts.append(block)
                 dropped += blank
                 last = frame_bytes(block)
@@ -123,28 +125,6 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
 def frame_bytes(frame: pd.DataFrame) -> int:
     """Bytes of a table's columns (object columns counted by their pointers: a lower bound)."""
     return int(frame.memory_usage(index=False, deep=False).sum())
-
-
-def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy) -> Tuple[pd.DataFrame, int]:
-    """``frame`` with ``column`` parsed as timestamps, and the number of rows dropped. Timestamps with a
-    UTC offset (``+01:00``, ``Z``) are converted to UTC and the offset dropped, so that one table may
-    mix offsets (summer and winter time); timestamps without one are taken as they are. Blank cells
-    are refused under data.nan_policy=error (naming the file line of the first: the frame's index
-    counts the file's rows) and their rows dropped under drop."""
-    blank = frame[column].isna() | (frame[column].astype(str).str.strip() == "")
-    dropped = int(blank.sum())
-    if dropped:
-        if policy != NanPolicy.drop:
-            raise DataError("data.date_column", column, f"{dropped} row(s) have no date (first at line "
-                            f"{int(blank.idxmax()) + 2} of the file)",
-                            "fill the dates, or set data.nan_policy=drop to drop those rows")
-        frame = frame[~blank.to_numpy()]
-    try:
-        dates = pd.to_datetime(frame[column], utc=True).dt.tz_localize(None)
-    except (ValueError, TypeError) as exc:
-        raise DataError("data.date_column", column, f"its values are not dates ({exc})",
-                        "give ISO timestamps such as 2024-01-31 12:30:00") from None
-    return frame.assign(**{column: dates}), dropped
 
 
 def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from tamrun.config.schema import DataConfig
 from tamrun.data.batch import GroupedBatch
-from tamrun.evaluate import predictions_table, require_finite, scored, split_scores
+from tamrun.evaluate import predictions_table, require_finite, require_plausible, scored, split_scores
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
@@ -51,9 +51,12 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         splits = predict_splits(prepared, fit)
     with recorder.phase("evaluate"):
         metrics: Dict[str, float] = {}
-        for split in splits:
-            metrics.update(split_scores(split.name, *scored(split.batch, split.predicted)))
+        scores = {split.name: scored(split.batch, split.predicted) for split in splits}
+        for name, (actual, predicted) in scores.items():
+            metrics.update(split_scores(name, actual, predicted))
         require_finite(metrics, "a forecast metric", numerical_fix(config))
+        require_plausible({name: predicted for name, (_, predicted) in scores.items()}, metrics, scores["train"][0],
+                          numerical_fix(config))
     metrics.update(run_metrics(prepared, fit))
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
                                                                     ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))

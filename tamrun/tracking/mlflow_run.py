@@ -1,6 +1,7 @@
 """One MLflow run's lifecycle through an explicit `MlflowClient` (no fluent global state).
 
-The store defaults to ``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run ends
+The store is ``tracking.uri``, else ``MLFLOW_TRACKING_URI`` as MLflow reads it, else
+``sqlite:///<cwd>/outputs/mlflow.db`` with artifacts beside it; the run's last line names it. The run ends
 FINISHED on success, FAILED on any exception (with the error as tags: ``error_type``, ``error`` and
 ``error_kind``, bad input's kind or ``internal``: `tamrun.errors.error_kind`) and KILLED on an interrupt
 (SIGINT, or SIGTERM/SIGHUP, raised as `tamrun.tracking.signals.Terminated` while the run is open).
@@ -22,20 +23,23 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from tamrun.config.schema import TrackingConfig
-from tamrun.errors import INTERRUPTED, ConfigError, error_kind
+from tamrun.errors import INTERRUPTED, ConfigError, FilesystemError, TamrunError, error_kind
+from tamrun.filesystem import Place, filesystem_error, temporary_place, writing
 from tamrun.tracking.params import to_params
 from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numbered
 from tamrun.tracking.runlog import RunLog
 from tamrun.tracking.secrets import env_uri, masked
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_runs, process_tags
-from tamrun.tracking.store import (check_artifact_location, check_store, experiment_id, open_client,
-                                  retry_on_conflict, sqlite_path, store_error)
+from tamrun.tracking.store import (artifact_place, check_artifact_location, check_store, experiment_id,
+                                  local_folder, open_client, retry_on_conflict, sqlite_path, store_error, store_place)
 from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
 from tamrun.tracking.worker import ray_worker_tags
 
 log = logging.getLogger(__name__)
 
+# MLflow's own variable for "where my runs go", honoured when tracking.uri is not given.
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
 # The experiment's kind in MLflow 3's UI: a model-training one (its runs table and view: tamrun.tracking.ui_view).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "forecasting"}
 
@@ -47,10 +51,29 @@ def default_tracking_uri(cwd: Optional[Path] = None) -> str:
 
 def tracking_uri(cfg: TrackingConfig) -> str:
     """``tracking.uri``, else the environment variable ``tracking.uri_env`` names (an error when it is
-    unset), else the default sqlite store."""
+    unset), else `MLFLOW_URI_ENV` when it is set and not empty (where MLflow itself sends runs), else the
+    default sqlite store."""
     if cfg.uri:
         return cfg.uri
-    return env_uri(cfg.uri_env) if cfg.uri_env else default_tracking_uri()
+    if cfg.uri_env:
+        return env_uri(cfg.uri_env)
+    return os.environ.get(MLFLOW_URI_ENV, "").strip() or default_tracking_uri()
+
+
+def uri_setting(cfg: TrackingConfig) -> str:
+    """What the store's URI is named by in messages: `MLFLOW_URI_ENV` when the URI came from it (neither
+    tracking.uri nor tracking.uri_env given), else tracking.uri."""
+    if cfg.uri or cfg.uri_env or not os.environ.get(MLFLOW_URI_ENV, "").strip():
+        return "tracking.uri"
+    return MLFLOW_URI_ENV
+
+
+def renamed_uri_error(error: ConfigError, setting: str) -> ConfigError:
+    """A store's error about tracking.uri, naming ``setting`` (the environment variable the URI came from)."""
+    renamed = ConfigError(setting, error.value, error.problem, f"{error.fix} (the URI is the environment variable "
+                          f"{setting}'s: change or unset it, or set tracking.uri)")
+    renamed.run_id = error.run_id
+    return renamed
 
 
 class TrackedRun:
@@ -79,6 +102,8 @@ class TrackedRun:
         self.client = None
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
+        self.artifact_location: Optional[str] = None  # the experiment's
+        self.artifact_uri: Optional[str] = None  # the run's
         self.runlog = RunLog()
         self._signals = None
 
@@ -89,8 +114,7 @@ class TrackedRun:
         self._signals = signals_as_interrupts()
         self._signals.__enter__()
         try:
-            check_store(self.uri, self.cfg.connect_timeout_s)
-            self._open()
+            self._check_and_open()
         except BaseException as exc:
             if self.run_id is None:
                 self._restore_signals()
@@ -107,9 +131,19 @@ class TrackedRun:
     def start_detached(self) -> str:
         """Create the run without the signal handlers and run log of ``with`` (a sweep's parent run,
         ended by another call); returns its id."""
-        check_store(self.uri, self.cfg.connect_timeout_s)
-        self._open()
+        self._check_and_open()
         return self.run_id
+
+    def _check_and_open(self) -> None:
+        """`check_store`, then `_open`; an error about tracking.uri names the variable the URI came from."""
+        setting = uri_setting(self.cfg)
+        try:
+            check_store(self.uri, self.cfg.connect_timeout_s, setting)
+            self._open()
+        except ConfigError as exc:
+            if exc.field != "tracking.uri" or setting == "tracking.uri":
+                raise
+            raise renamed_uri_error(exc, setting) from None
 
     def _restore_signals(self) -> None:
         if self._signals is not None:
@@ -125,7 +159,8 @@ class TrackedRun:
                 self._create()
         except (MlflowException, SQLAlchemyError, OSError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
-            raise store_error(self.uri, reason, self.cfg.busy_timeout_s) from None
+            raise filesystem_error(exc, self.places()) or store_error(self.uri, reason, self.cfg.busy_timeout_s) \
+                from None
 
     def _create(self) -> None:
         from mlflow.exceptions import MlflowException
@@ -134,14 +169,15 @@ class TrackedRun:
         self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
         self.experiment_id = self._experiment_id()
         experiment = self.client.get_experiment(self.experiment_id)
-        check_artifact_location(experiment.artifact_location, "tracking.artifact_root")
+        check_artifact_location(experiment.artifact_location)
+        self.artifact_location = experiment.artifact_location
         ensure_runs_view(self.client, experiment, self.objective)
         tags = {**self.tags, **process_tags(), **ray_worker_tags()}
         tags = {key: masked(str(value)) for key, value in tags.items()}
         if self.number_reruns:
             tags[NAME_KEY_TAG] = name_key(self.run_name)
         run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
-        self.run_id = run.info.run_id
+        self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
         if self.number_reruns:
             self._number_rerun(tags[NAME_KEY_TAG], run.info.start_time)
         try:
@@ -159,10 +195,17 @@ class TrackedRun:
     def _experiment_id(self) -> str:
         db = sqlite_path(self.uri)
         root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
-        check_artifact_location(root, "tracking.artifact_root")
+        check_artifact_location(root)
         location = Path(root).resolve().as_uri() if root and "://" not in root else root
         return experiment_id(self.client, self.uri, self.cfg.experiment, location, self.cfg.lock_timeout_s,
                              EXPERIMENT_TAGS)
+
+    def places(self) -> List[Place]:
+        """The folders this run writes (its artifacts, the store, the temporary folder), for
+        `tamrun.filesystem.filesystem_error`."""
+        db, folder = sqlite_path(self.uri), local_folder(self.artifact_location)
+        return ([artifact_place(folder)] if folder is not None else []) + \
+            ([store_place(db, uri_setting(self.cfg))] if db is not None else []) + [temporary_place()]
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self.enabled or self.run_id is None:
@@ -170,18 +213,37 @@ class TrackedRun:
         from mlflow.exceptions import MlflowException
         from sqlalchemy.exc import SQLAlchemyError
 
+        named = self._named(exc)
         try:  # a signal while the end is written is deferred: the run still ends, KILLED (a second Ctrl-C too)
             with signals_deferred(reraise=not isinstance(exc, KeyboardInterrupt)) as deferral:
-                self._terminate(exc_type, exc, tb, deferral)
+                self._terminate(type(named) if named is not None else exc_type, named or exc, tb, deferral)
         except (MlflowException, SQLAlchemyError, OSError) as error:  # the store went away during the run
             raise self._lost_store(error) from None
         finally:
             self._restore_signals()
+        if named is not None:
+            raise named from exc
         return False
 
-    def _lost_store(self, error: BaseException) -> ConfigError:
-        """The error for a store that stopped answering while the run was open (its end not written):
-        the run stays RUNNING there until the next run on this host closes it KILLED (`close_stale_runs`)."""
+    def _named(self, exc: Optional[BaseException]) -> Optional[FilesystemError]:
+        """A refused write (a read-only folder, a full disk) that ended the run, as the `FilesystemError`
+        its record and the command report; None for any other end."""
+        if not isinstance(exc, Exception) or isinstance(exc, TamrunError):
+            return None
+        named = filesystem_error(exc, self.places())
+        if named is not None:
+            named.__cause__, named.run_id = exc, self.run_id
+        return named
+
+    def _lost_store(self, error: BaseException) -> TamrunError:
+        """The error for a store that stopped answering, or refused a write (a full disk), while the run was
+        open (its end not written): the run stays RUNNING there until the next run on this host closes it
+        KILLED (`close_stale_runs`)."""
+        refused = filesystem_error(error, self.places(), f": run {self.run_id} could not be ended, and stays RUNNING "
+                                   "until the next run on this host marks it KILLED")
+        if refused is not None:
+            refused.run_id = self.run_id
+            return refused
         reason = (getattr(error, "message", None) or str(error)).splitlines()[0][:300]
         lost = ConfigError("tracking.uri", masked(self.uri),
                            f"the store stopped answering during run {self.run_id}, whose end could not be written "
@@ -217,6 +279,9 @@ class TrackedRun:
             self.client.set_tag(self.run_id, "error_type", type(interrupt(deferral.received)).__name__)
             self.client.set_tag(self.run_id, "error_kind", INTERRUPTED)
             self.client.set_terminated(self.run_id, status="KILLED")
+            status = "KILLED"
+        log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, masked(self.uri),
+                 self.cfg.experiment)  # the run's last line: where it went
 
     # ---- logging ---------------------------------------------------------------------------------
     def log_params(self, tree: Any) -> None:
@@ -259,25 +324,35 @@ class TrackedRun:
             for key, value in tags.items():
                 self.client.set_tag(self.run_id, key, masked(str(value)))
 
+    def artifact(self, artifact_file: Optional[str] = None) -> Optional[Path]:
+        """The local path of this run's artifact ``artifact_file`` (its artifact folder without it); None
+        for a remote artifact store. What a write there names when it fails (`tamrun.filesystem.writing`)."""
+        folder = local_folder(self.artifact_uri)
+        return folder / artifact_file if folder is not None and artifact_file else folder
+
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.enabled:
-            self.client.log_text(self.run_id, masked(text), artifact_file)
+            with writing(self.artifact(artifact_file)):
+                self.client.log_text(self.run_id, masked(text), artifact_file)
 
     def log_json(self, data: Dict[str, Any], artifact_file: str) -> None:
         self.log_text(json.dumps(data, indent=2, default=str), artifact_file)
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         if self.enabled:
-            self.client.log_figure(self.run_id, figure, artifact_file)
+            with writing(self.artifact(artifact_file)):
+                self.client.log_figure(self.run_id, figure, artifact_file)
 
     def log_file(self, path: os.PathLike, artifact_path: Optional[str] = None) -> None:
         if self.enabled:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+            with writing(self.artifact(artifact_path)):
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def log_dir(self, path: str, artifact_path: Optional[str] = None) -> None:
         """Every file under the local folder ``path``, at ``artifact_path``."""
         if self.enabled:
-            self.client.log_artifacts(self.run_id, path, artifact_path)
+            with writing(self.artifact(artifact_path)):
+                self.client.log_artifacts(self.run_id, path, artifact_path)
 
     def log_frame(self, frame: Any, artifact_file: str) -> None:
         """A pandas DataFrame as an artifact: Parquet (zstd) when ``artifact_file`` ends in .parquet,
@@ -286,9 +361,11 @@ class TrackedRun:
             return
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(artifact_file).name
-            if path.suffix == ".parquet":
-                frame.to_parquet(path, index=False, compression="zstd")
-            else:
-                frame.to_csv(path, index=False)
+            with writing(path):
+                if path.suffix == ".parquet":
+                    frame.to_parquet(path, index=False, compression="zstd")
+                else:
+                    frame.to_csv(path, index=False)
             parent = str(Path(artifact_file).parent)
-            self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)
+            with writing(self.artifact(artifact_file)):
+                self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)

@@ -28,8 +28,10 @@ import pandas as pd
 import torch
 
 import tamrun
+from tamrun.filesystem import writing
 from tamrun.fitted import FittedModel
 from tamrun.placement import HOST
+from tamrun.tracking.store import local_folder
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,8 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
             mlflow.pyfunc.save_model(str(path), python_model=str(CODE_FILE), artifacts={FITTED_ARTIFACT: str(state)},
                                      signature=infer_signature(sample, model.predict_values(sample)),
                                      input_example=sample, pip_requirements=requirements(), mlflow_model=info)
-            client.log_model_artifacts(logged.model_id, str(path))
+            with writing(local_folder(logged.artifact_location)):
+                client.log_model_artifacts(logged.model_id, str(path))
     except BaseException:
         client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
         raise

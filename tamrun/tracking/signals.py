@@ -15,7 +15,7 @@ import contextlib
 import functools
 import signal
 import threading
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence
 
 CATCHABLE = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 ALL = CATCHABLE + (signal.SIGINT,)
@@ -132,10 +132,12 @@ def interruptible() -> Iterator[None]:
 
 class SignalSafe:
     """``target`` (an `MlflowClient`) with every method call inside `signals_deferred`: a store call
-    completes, then the signal that arrived meanwhile is raised."""
+    completes, then the signal that arrived meanwhile is raised. ``around(name)``, when given, is a
+    context every call also runs in (`tamrun.tracking.store_wait.StoreWatch.call`)."""
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, around: Optional[Callable[[str], ContextManager[Any]]] = None) -> None:
         self.target = target
+        self.around = around or (lambda name: contextlib.nullcontext())
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.target, name)
@@ -144,7 +146,7 @@ class SignalSafe:
 
         @functools.wraps(value)
         def deferred(*args, **kwargs):
-            with signals_deferred():
+            with signals_deferred(), self.around(name):
                 return value(*args, **kwargs)
 
         return deferred

@@ -22,18 +22,22 @@ Other stores (http, postgresql, ...) are opened as they are, once their server a
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import re
 import socket
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from tamrun.errors import ConfigError, os_reason
+from tamrun.errors import ConfigError
+from tamrun.filesystem import Place, filesystem_error
 from tamrun.tracking.secrets import masked
 from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
+from tamrun.tracking.store_wait import StoreWatch, holders_text, lock_holders
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,20 @@ def with_busy_timeout(uri: str, busy_timeout_s: float) -> str:
 
 _FIX = "point tracking.uri at a reachable, writable store, or set tracking.enabled=false"
 LOCAL_STORE = "tracking.uri=sqlite:///outputs/mlflow.db"
+ARTIFACT_FIX = ("point tracking.artifact_root at a writable folder (an existing experiment keeps the folder it was "
+                "created with: set tracking.experiment to a new name)")
+
+
+def store_place(db: Path, setting: str = "tracking.uri") -> Place:
+    """A sqlite store's folder (its database and sqlite's journal beside it), for `filesystem_error`;
+    ``setting``: where its URI came from (tracking.uri, or the environment's MLFLOW_TRACKING_URI)."""
+    return Place(setting, db.parent, "the MLflow store", f"point {setting} at a store in a writable folder "
+                 f"({setting}=sqlite:////<folder>/mlflow.db), or set tracking.enabled=false", file=db)
+
+
+def artifact_place(folder: Path) -> Place:
+    """An experiment's local artifact folder (its runs' artifacts), for `filesystem_error`."""
+    return Place("tracking.artifact_root", folder, "the runs' artifacts", ARTIFACT_FIX)
 # pip's name of the DB-API modules SQLAlchemy imports for MLflow's database stores (others: the module's).
 # The team extra (pyproject.toml) installs psycopg 3, the driver of SQLAlchemy's postgresql:// URIs.
 DRIVER_PACKAGES = {"psycopg": "'tamrun[team]' (psycopg 3; or psycopg2-binary, with a postgresql+psycopg2:// URI)",
@@ -64,18 +82,18 @@ DRIVER_PACKAGES = {"psycopg": "'tamrun[team]' (psycopg 3; or psycopg2-binary, wi
 DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
-def check_store(uri: str, connect_timeout_s: float) -> None:
-    """Fail fast, naming tracking.uri: a sqlite file whose folder cannot be created or that is not a
-    file; an http(s) server that does not answer a TCP connection within ``connect_timeout_s``
-    (MLflow itself would retry for minutes)."""
+def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri") -> None:
+    """Fail fast: a sqlite file whose folder cannot be created or that is not a file (a `FilesystemError`
+    naming ``setting``); an http(s) server that does not answer a TCP connection within
+    ``connect_timeout_s`` (MLflow itself would retry for minutes)."""
     db = sqlite_path(uri)
     if db is not None:
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
             if db.exists() and not db.is_file():
-                raise ConfigError("tracking.uri", uri, f"{db} exists and is not a file", _FIX)
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(db))
         except OSError as exc:
-            raise ConfigError("tracking.uri", uri, f"cannot create the store's folder ({os_reason(exc)})", _FIX) from None
+            raise filesystem_error(exc, [store_place(db, setting)]) from None
         return
     check_driver(uri)
     check_answers(uri, connect_timeout_s)
@@ -123,29 +141,38 @@ def check_driver(uri: str) -> None:
                           f"write dialect://user@host/database, or use a local store ({LOCAL_STORE})") from None
 
 
-def check_artifact_location(location: Optional[str], field: str) -> None:
-    """Create the local folder of an artifact location (a path or a file: URI), or refuse it naming
-    ``field``; remote locations are left to MLflow (any URI scheme but file:, also without ``//``: an
-    ``mlflow server --serve-artifacts`` experiment's ``mlflow-artifacts:/1``; a one-letter scheme is a
-    Windows drive)."""
-    scheme = urlsplit(location or "").scheme
-    if not location or (len(scheme) > 1 and scheme != "file"):
+def check_artifact_location(location: Optional[str]) -> None:
+    """Create the local folder of an artifact location (a path or a file: URI), or refuse it (a
+    `FilesystemError` naming tracking.artifact_root); remote locations are left to MLflow (`local_folder`)."""
+    folder = local_folder(location)
+    if folder is None:
         return
-    folder = Path(urlsplit(location).path if location.startswith("file:") else location)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(field, location, f"the artifact folder cannot be created ({os_reason(exc)})",
-                          "point tracking.artifact_root at a writable folder (an existing experiment keeps the "
-                          "folder it was created with: set tracking.experiment to a new name)") from None
+        raise filesystem_error(exc, [artifact_place(folder)]) from None
+
+
+def local_folder(location: Optional[str]) -> Optional[Path]:
+    """The folder of a local artifact location (a path or a file: URI); None for a remote one (any URI
+    scheme but file:, also without ``//``: an ``mlflow server --serve-artifacts`` experiment's
+    ``mlflow-artifacts:/1``; a one-letter scheme is a Windows drive)."""
+    scheme = urlsplit(location or "").scheme
+    if not location or (len(scheme) > 1 and scheme != "file"):
+        return None
+    return Path(urlsplit(location).path if location.startswith("file:") else location)
 
 
 def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
     """The error for a store MLflow could not open: a sqlite file still locked by another process
-    after the busy wait names tracking.busy_timeout_s; anything else names tracking.uri."""
+    after the busy wait names tracking.busy_timeout_s (and that process, where it can be read); anything
+    else names tracking.uri."""
     if "database is locked" in reason:
+        db = sqlite_path(uri)
+        holders = lock_holders(db) if db is not None else None
+        who = holders_text(holders) if holders else "another process"
         return ConfigError("tracking.busy_timeout_s", busy_timeout_s,
-                           f"another process held the store {masked(uri)} locked for longer ({reason})",
+                           f"{who} held the store {masked(uri)} locked for longer ({reason})",
                            "raise tracking.busy_timeout_s, or stop the process that holds the store")
     return ConfigError("tracking.uri", masked(uri), f"the MLflow store cannot be used ({masked(reason)})", _FIX)
 
@@ -174,14 +201,20 @@ def store_lock(uri: str, timeout_s: float) -> Iterator[None]:
 
 
 def broken_store(db: Path, busy_timeout_s: float = 60.0) -> Optional[str]:
-    """Why the sqlite file ``db`` is not a complete MLflow store, or None when it looks complete (or
-    cannot be read now because another process holds it: that is MLflow's busy wait, not damage)."""
+    """Why the sqlite file ``db`` is not a complete MLflow store, or None when it looks complete.
+
+    Raises:
+        sqlite3.OperationalError: another process held it locked for longer than ``busy_timeout_s`` (not
+            evidence of damage: the opening stops there, rather than wait that long again in MLflow's).
+    """
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=busy_timeout_s)) as con:
             tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] if "alembic_version" in tables else 0
-    except sqlite3.OperationalError:  # locked or busy past the wait: not evidence of damage
-        return None
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):
+            raise
+        return None  # busy or unreadable now: MLflow's opening says what it is
     except sqlite3.DatabaseError as exc:
         return f"not a readable sqlite database ({exc})"
     leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
@@ -221,8 +254,12 @@ def create_store(db: Path, busy_timeout_s: float) -> None:
 
 def repair_store(uri: str, db: Path, busy_timeout_s: float) -> None:
     """Move aside a half-created store that holds no run (it is then recreated); refuse a damaged one
-    that holds runs, or whose runs cannot be counted, and leave it untouched."""
-    reason = broken_store(db, busy_timeout_s)
+    that holds runs, or whose runs cannot be counted, and leave it untouched; refuse one another process
+    holds locked for longer than ``busy_timeout_s``."""
+    try:
+        reason = broken_store(db, busy_timeout_s)
+    except sqlite3.OperationalError as exc:
+        raise store_error(uri, f"(sqlite3.OperationalError) {exc}", busy_timeout_s) from None
     if reason is None:
         return
     if store_runs(db, busy_timeout_s) != 0:
@@ -235,20 +272,64 @@ def repair_store(uri: str, db: Path, busy_timeout_s: float) -> None:
                 db, reason, aside)
 
 
+# MLflow begins every session on a sqlite store with this statement (20 s), overriding the wait that the
+# URI's ``timeout`` (tracking.busy_timeout_s) asks for: `busy_timeout_of_uri` rewrites it to that wait.
+MLFLOW_BUSY_PRAGMA = re.compile(r"\s*PRAGMA\s+busy_timeout\s*=\s*\d+\s*;?\s*$", re.IGNORECASE)
+
+
+def busy_timeout_of_uri(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+                        executemany: bool) -> Tuple[str, Any]:
+    """SQLAlchemy's ``before_cursor_execute`` listener: MLflow's `MLFLOW_BUSY_PRAGMA` on a sqlite engine
+    whose URI sets ``timeout`` becomes ``PRAGMA busy_timeout = <that many ms>``; any other statement passes."""
+    timeout = conn.engine.url.query.get("timeout") if conn.engine.dialect.name == "sqlite" else None
+    if timeout and MLFLOW_BUSY_PRAGMA.match(statement):
+        return f"PRAGMA busy_timeout = {int(float(timeout) * 1000)}", parameters
+    return statement, parameters
+
+
+def honour_busy_timeout() -> None:
+    """Listen (once per process) with `busy_timeout_of_uri` to every SQLAlchemy engine, and keep
+    MLflow's session errors to their message (`WithoutTraceback`)."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "before_cursor_execute", busy_timeout_of_uri):
+        event.listen(Engine, "before_cursor_execute", busy_timeout_of_uri, retval=True)
+    sessions = logging.getLogger(MLFLOW_SESSION_LOGGER)
+    if not any(isinstance(f, WithoutTraceback) for f in sessions.filters):
+        sessions.addFilter(WithoutTraceback())
+
+
+# MLflow logs a store session's database error with its traceback, then raises it: tamrun names what it
+# raises (a locked store, a read-only or full disk, ...), so the log keeps the message alone.
+MLFLOW_SESSION_LOGGER = "mlflow.store.db.utils"
+
+
+class WithoutTraceback(logging.Filter):
+    """Drops a record's traceback, keeps its message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float) -> SignalSafe:
     """An `MlflowClient` on ``uri`` whose store exists and is migrated (created under the lock), each of
-    its calls shielded from signals (`SignalSafe`)."""
+    its calls shielded from signals (`SignalSafe`) and watched (`StoreWatch`: a wait on another process
+    is said aloud); a sqlite store's connections wait ``busy_timeout_s`` for a lock, MLflow's too."""
     from mlflow.tracking import MlflowClient
 
     db = sqlite_path(uri)
-    with signals_deferred(), store_lock(uri, lock_timeout_s):
+    watch = StoreWatch(uri, db, (busy_timeout_s, lock_timeout_s))
+    honour_busy_timeout()
+    with signals_deferred(), watch.call("opening the store"), store_lock(uri, lock_timeout_s):
         if db is not None and db.exists():
             repair_store(uri, db, busy_timeout_s)
         if db is not None and not db.exists():
             create_store(db, busy_timeout_s)
         client = MlflowClient(tracking_uri=with_busy_timeout(uri, busy_timeout_s))
         client.search_experiments(max_results=1)  # the store is open: tables and migrations done, once
-    return SignalSafe(client)
+    return SignalSafe(client, watch.call)
 
 
 def experiment_id(client, uri: str, name: str, artifact_location: Optional[str], lock_timeout_s: float,

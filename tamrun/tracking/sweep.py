@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from tamrun.collector import resume_paused_collection
 from tamrun.config.plugins import check_plugins
 from tamrun.config.schema import TrackingConfig
-from tamrun.errors import ConfigError
+from tamrun.errors import Abort
 from tamrun.tracking.plots import sweep_objective_figure
 from tamrun.tracking.secrets import masked
 from tamrun.tracking.sweep_failures import failure_exit_code, failure_line, table_failures
@@ -182,13 +182,19 @@ class SweepCallback(Callback):
         self._open: Optional[Dict[str, Any]] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Open the sweep (`start_sweep`); its error stops the sweep and is reported by the entry point
+        (Hydra makes a callback's exception a warning and goes on: it is carried out as an `Abort`)."""
+        try:
+            self.start_sweep(config)
+        except Exception as error:
+            raise Abort(error) from error
+
+    def start_sweep(self, config: DictConfig) -> None:
+        """Refuse a missing plugin (before Hydra instantiates it: its error would come with a traceback),
+        open the parent run, write the sweep file."""
         from tamrun.tracking.mlflow_run import TrackedRun
 
-        try:  # before Hydra instantiates them: its error would come with a traceback
-            check_plugins(config.hydra)
-        except ConfigError as error:
-            sys.stderr.write(error.report_line())
-            raise SystemExit(2) from None  # an exception would be a warning of Hydra's callbacks
+        check_plugins(config.hydra)
         settings = tracking_settings(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)

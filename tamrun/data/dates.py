@@ -1,0 +1,137 @@
+"""The date column as timestamps, read with one format for the whole file.
+
+The format is ``data.date_format`` when set (strftime codes such as ``%d/%m/%Y %H:%M``, or pandas'
+``ISO8601``), else the one the file's first date is written in (`DateFormat.of`): ISO 8601 when it
+starts with the year, else pandas' guess, day first under ``data.dayfirst`` (01/02/2024 is then
+1 February). Every block of the file is read with that format, so that one file is never read half
+month first and half day first. A value it does not fit is refused in one line naming the value, its
+line in the file, the format tried and the settings that choose it.
+
+Timestamps with a UTC offset (``+01:00``, ``Z``) are converted to UTC and the offset dropped, so that one
+table may mix offsets (summer and winter time); timestamps without one are taken as they are.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import pandas as pd
+from pandas.tseries.api import guess_datetime_format
+
+from tamrun.config.schema import DataConfig, NanPolicy
+from tamrun.errors import DataError
+
+ISO = "ISO8601"  # pandas' format for any ISO 8601 date (with or without time, fraction, offset)
+
+
+@dataclass(frozen=True)
+class DateFormat:
+    """The format a file's dates are read with (``None``: pandas reads each value as it can), how it was
+    chosen (for messages) and whether a date without a format reads day first."""
+
+    format: Optional[str]
+    chosen: str
+    dayfirst: bool = False
+
+    @classmethod
+    def of(cls, cfg: DataConfig, first: str) -> "DateFormat":
+        """``data.date_format``, else the format of ``first``, the file's first date."""
+        if cfg.date_format:
+            return cls(cfg.date_format, "data.date_format")
+        chosen = f"read from the first date {first!r} with data.dayfirst={str(cfg.dayfirst).lower()}"
+        if year_first(first):  # ISO 8601, never day first
+            return cls(ISO, chosen)
+        return cls(guess_format(first, cfg.dayfirst), chosen, cfg.dayfirst)
+
+    def describe(self) -> str:
+        """E.g. ``'%m/%d/%Y', read from the first date '01/02/2020' with data.dayfirst=false``."""
+        shown = "ISO 8601" if self.format == ISO else repr(self.format) if self.format else "none recognised"
+        return f"{shown}, {self.chosen}"
+
+
+def guess_format(value: str, dayfirst: bool) -> Optional[str]:
+    """pandas' guess of the strftime format ``value`` is written in (None: none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return guess_datetime_format(value, dayfirst=dayfirst)
+
+
+def first_date(frame: pd.DataFrame, column: str) -> Optional[str]:
+    """The first non-blank value of the date column, as text (None: every value is blank)."""
+    values = frame[column].dropna().astype(str).str.strip()
+    values = values[values != ""]
+    return values.iloc[0] if len(values) else None
+
+
+class FileDates:
+    """The date column of one file, block after block: its format is chosen from the first date seen
+    (`DateFormat.of`) and kept for every later block."""
+
+    def __init__(self, cfg: DataConfig) -> None:
+        self.cfg = cfg
+        self.form: Optional[DateFormat] = None
+
+    def parse(self, block: pd.DataFrame) -> Tuple[pd.DataFrame, int]:
+        """``block`` with its dates parsed, and the number of its rows dropped (`parse_dates`)."""
+        column = self.cfg.date_column
+        if self.form is None:
+            first = first_date(block, column)
+            self.form = DateFormat.of(self.cfg, first) if first is not None else None
+        return parse_dates(block, column, self.cfg.nan_policy, self.form or DateFormat(self.cfg.date_format, ""))
+
+
+def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy,
+                form: DateFormat) -> Tuple[pd.DataFrame, int]:
+    """``frame`` with ``column`` parsed in ``form``, and the number of rows dropped. Blank cells are
+    refused under data.nan_policy=error (naming the file line of the first: the frame's index counts
+    the file's rows) and their rows dropped under drop; a value ``form`` does not fit is refused
+    (`unparsed`)."""
+    text = frame[column].astype("string").str.strip()
+    blank = text.isna() | (text == "")
+    dropped = int(blank.sum())
+    if dropped:
+        if policy != NanPolicy.drop:
+            raise DataError("data.date_column", column, f"{dropped} row(s) have no date (first at line "
+                            f"{int(blank.idxmax()) + 2} of the file)",
+                            "fill the dates, or set data.nan_policy=drop to drop those rows")
+        frame, text = frame[~blank.to_numpy()], text[~blank.to_numpy()]
+    with warnings.catch_warnings():  # pandas warns when it reads each value apart (no format)
+        warnings.simplefilter("ignore")
+        dates = pd.to_datetime(text.astype(object), utc=True, format=form.format, dayfirst=form.dayfirst,
+                               errors="coerce")
+    if dates.isna().any():
+        raise unparsed(column, text, dates.isna(), form)
+    return frame.assign(**{column: dates.dt.tz_localize(None)}), dropped
+
+
+def year_first(value: str) -> bool:
+    """Whether ``value`` starts with a 4-digit year (ISO 8601, never read day first)."""
+    return value[:4].isdigit() and not value[4:5].isdigit()
+
+
+def own_formats(value: str) -> List[str]:
+    """The formats ``value`` may be written in: day first, then month first when it reads both ways."""
+    guesses = [guess_format(value, False)] if year_first(value) else [guess_format(value, True),
+                                                                      guess_format(value, False)]
+    return [f for f in dict.fromkeys(guesses) if f]
+
+
+def unparsed(column: str, text: pd.Series, failed: pd.Series, form: DateFormat) -> DataError:
+    """The error naming the first value ``form`` does not fit, its line in the file and the settings."""
+    where = failed.idxmax()
+    value = str(text.loc[where])
+    problem = (f"the value {value!r} at line {int(where) + 2} of the file is not a date in the format tried "
+               f"({form.describe()})")
+    owns = [f for f in own_formats(value) if f != form.format]
+    if len(owns) == 2:
+        fix = f"set data.date_format='{owns[0]}' if {value!r} is day first, or '{owns[1]}' if month first"
+    elif owns:
+        fix = f"set data.date_format='{owns[0]}' (the format of {value!r})"
+    else:
+        fix = ("set data.date_format to the dates' strftime format (e.g. data.date_format='%d/%m/%Y %H:%M'), "
+               "or correct the value in the file")
+    if owns and owns[0].startswith("%d") and not form.dayfirst and form.chosen != "data.date_format":
+        fix += ", or data.dayfirst=true"
+    return DataError("data.date_column", column, problem, fix)
