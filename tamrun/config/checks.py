@@ -17,6 +17,8 @@ from tamrun.errors import ConfigError
 _DERIVED_KINDS = ("time_index", "isin", "expr")
 # The most candidates of one effect's GCV grid (model.gcv.span / model.gcv.step).
 MAX_GCV_GRID = 401
+# Columns of mode=aggregate's predictions table and words of its metrics no expert may be named.
+RESERVED_EXPERT_NAMES = ("date", "group", "period", "actual", "aggregate", "best_expert")
 
 
 def _require(ok: bool, field: str, value: Any, problem: str, fix: str) -> None:
@@ -160,6 +162,9 @@ def _check_aggregate(cfg: Config) -> None:
              f"mode=aggregate combines experts and has {len(agg.experts)}",
              f"add experts, e.g. '+{field}.experts.static={{model: spline}}' (+experiment=day_ahead_aggregate lists some)")
     for name, expert in agg.experts.items():
+        _require(re.fullmatch(r"[A-Za-z0-9_]+", name) is not None and name not in RESERVED_EXPERT_NAMES,
+                 f"{field}.experts.{name}", name, "an expert's name names its forecast column and metrics "
+                 f"(letters, digits and _; not {', '.join(RESERVED_EXPERT_NAMES)})", "rename the expert")
         _require(expert.mode in (ModeName.run, ModeName.adaptive), f"{field}.experts.{name}.mode", expert.mode.value,
                  "an expert forecasts with mode run (the static model) or adaptive (adaptive.method=kalman)",
                  f"set {field}.experts.{name}.mode=run or adaptive")
