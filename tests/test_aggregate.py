@@ -41,8 +41,9 @@ def aggregate_overrides(csv_path: Path, *extra: str) -> list:
     return [*csv_overrides(csv_path), "mode=aggregate", VALIDATION, *EXPERTS, *extra]
 
 
-def artifact(client: MlflowClient, run_id: str, path: str, tmp_path: Path) -> Path:
-    return Path(client.download_artifacts(run_id, path, str(tmp_path)))
+def artifact(client: MlflowClient, run_id: str, path: str, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(client.download_artifacts(run_id, path, str(folder)))
 
 
 def test_an_aggregate_run_records_the_experts_the_weights_and_the_choice(compose_cfg, store_uri, csv_path, tmp_path):
@@ -146,3 +147,60 @@ def test_bad_aggregate_settings_are_refused_naming_the_field(compose_cfg, csv_pa
     with pytest.raises(ConfigError) as refused:
         run(compose_cfg(*base, *overrides))
     assert refused.value.field.startswith(field), refused.value
+
+
+def test_selected_experts_are_chosen_on_the_validation_period_and_aggregate_as_a_run_of_them(compose_cfg, store_uri,
+                                                                                          csv_path, tmp_path):
+    """aggregate.select_experts=true: each elimination step lowers the validation RMSE, the experts kept give
+    the run's scores when aggregated alone, and changing the test period's targets changes no step."""
+    poor = expert("poor", "run", DOW)  # no effect of x: far worse than the others
+    result = run(compose_cfg(*aggregate_overrides(csv_path, "aggregate.select_experts=true", poor)))
+    client = MlflowClient(tracking_uri=store_uri)
+    steps = json.loads(artifact(client, result.run_id, "aggregate/selection.json", tmp_path / "a").read_text())["pruning"]
+    assert steps[0]["experts"] == ["static", "slow", "fast", "spline_only", "poor"]
+    scores = [step["rmse_validation"] for step in steps]
+    assert all(later < earlier for earlier, later in zip(scores, scores[1:]))
+    kept = steps[-1]["experts"]
+    assert len(kept) >= 2 and result.metrics["aggregate_experts"] == len(kept)
+    assert result.metrics["rmse_validation"] == pytest.approx(scores[-1], rel=1e-12)
+    dropped = [f"~aggregate.experts.{name}" for name in ("static", "slow", "fast", "spline_only", "poor")
+               if name not in kept]
+    alone = run(compose_cfg(*aggregate_overrides(csv_path, "tracking=none", poor), *dropped))
+    for metric in ("rmse_validation", "rmse_test"):
+        assert alone.metrics[metric] == pytest.approx(result.metrics[metric], rel=1e-12)
+
+    def scaled(frame):
+        frame.loc[frame["date"] >= pd.Timestamp("2021-01-01"), "y"] *= 1.5
+        return frame
+
+    other = run(compose_cfg(*aggregate_overrides(with_targets(csv_path, tmp_path, "scaled.csv", scaled),
+                                                 "aggregate.select_experts=true", poor)))
+    other_steps = json.loads(artifact(client, other.run_id, "aggregate/selection.json", tmp_path / "b").read_text())
+    assert other_steps["pruning"] == steps
+
+
+def test_the_packaged_experiments_compose_every_expert_with_the_runs_split(compose_cfg):
+    """+experiment=day_ahead_aggregate (the three experts kept on 2023) and its pool (the ten of conf/expert/):
+    every expert composes with the run's validation year; the pool's ten experts form six families."""
+    for experiment, count, families_count in (("day_ahead_aggregate", 3, 3), ("day_ahead_aggregate_pool", 10, 6)):
+        cfg = compose_cfg(f"+experiment={experiment}")
+        config, _ = typed_config(cfg)
+        experts = compose_experts(cfg, config)
+        assert len(experts) == count and config.aggregate.select_experts == (count == 10)
+        assert {e.config.split.validation_start for e in experts} == {"2023-01-01"}
+        assert all(not e.config.tracking.enabled for e in experts)
+        assert len(families(experts)) == families_count
+
+
+@pytest.mark.slow
+def test_day_ahead_aggregate_beats_1000_mw_and_its_best_expert_on_2024(compose_cfg, store_uri):
+    """The acceptance run of +experiment=day_ahead_aggregate on the embedded national data: FINISHED, 2024
+    RMSE <= 1,000 MW and below every expert's, every choice made on 2023 (the chosen rule the lowest of the
+    candidates' 2023 scores; each expert's q the lowest 2023 score of its grid)."""
+    result = run(compose_cfg("+experiment=day_ahead_aggregate", "tracking.log_plots=false"))
+    info = MlflowClient(store_uri).get_run(result.run_id)
+    assert info.info.status == "FINISHED"
+    metrics = info.data.metrics
+    assert metrics["rmse_test"] <= 1000.0 and metrics["rmse_test"] < metrics["rmse_test_best_expert"]
+    assert metrics["rmse_validation"] < metrics["rmse_validation_best_expert"]
+    assert metrics["aggregate_experts"] == 3

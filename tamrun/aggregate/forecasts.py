@@ -39,8 +39,8 @@ KEY = ["date", "group"]
 @dataclass
 class ExpertForecasts:
     """``table``: date, group, period (validation | test), actual, then each expert's forecast (a column named
-    after it); ``chosen``: each filtered expert's (q, p0) and its grid's validation RMSE; ``seconds``: each
-    family's wall time (keyed by its first expert); ``prepared``: the first family's preparation."""
+    after it); ``chosen``: each filtered expert's (q, p0) and its grid's validation RMSE; ``seconds``: the wall
+    time of each expert's family; ``prepared``: the first family's preparation; ``fits``: each family's refit."""
 
     table: pd.DataFrame
     chosen: Dict[str, Dict[str, object]]
@@ -155,7 +155,7 @@ def expert_forecasts(families: List[Family], devices: DeviceManager, order: List
         found, refit = family_forecasts(prepared, family, chosen)
         series.update(found)
         fits.append(refit)
-        seconds[family.experts[0].name] = time.perf_counter() - began
+        seconds.update({expert.name: time.perf_counter() - began for expert in family.experts})
         log.info("aggregate: experts %s forecast in %.2f s", ", ".join(e.name for e in family.experts),
                  seconds[family.experts[0].name])
     table = actuals(first.splits).set_index(KEY)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,7 @@ import pandas as pd
 from tamrun.aggregate.experts import compose_experts, families
 from tamrun.aggregate.forecasts import TEST, VALIDATION, ExpertForecasts, expert_forecasts
 from tamrun.aggregate.plots import monthly_figure, weights_figure
+from tamrun.aggregate.pruning import Pruning, prune
 from tamrun.aggregate.selection import Combined, Selection, combine, select
 from tamrun.config.schema import Config
 from tamrun.device import DeviceManager
@@ -68,7 +69,8 @@ def aggregate_metrics(table: pd.DataFrame, experts: pd.DataFrame, selection: Sel
         metrics[f"rmse_{period}_best_expert"] = float(experts[f"rmse_{period}"].min())
     chosen = selection.chosen
     metrics.update(aggregate_gradient=float(chosen.gradient), aggregate_per_group=float(chosen.per_group),
-                   aggregate_candidates=float(len(selection.scores)), **seconds)
+                   aggregate_candidates=float(len(selection.scores)), aggregate_experts=float(experts["kept"].sum()),
+                   **seconds)
     if chosen.eta is not None:
         metrics["aggregate_eta"] = chosen.eta
     return metrics
@@ -86,22 +88,34 @@ def aggregate_job(cfg: Any, config: Config, devices: DeviceManager, tracked: Tra
     dtype, scale = DTYPES[config.dtype], target_scale(forecasts)
     began = time.perf_counter()
     with devices.serial():
-        selection = select(forecasts.table, forecasts.names, config.aggregate, pd.Timestamp(config.split.test_start),
-                           scale, devices.device, dtype)
-        combined = combine(forecasts.table, forecasts.names, selection.chosen, scale, devices.device, dtype)
+        pruning = choose(forecasts, config, scale, devices, dtype)
+        combined = combine(forecasts.table, pruning.kept, pruning.selection.chosen, scale, devices.device, dtype)
     table = forecasts.table.assign(aggregate=combined.forecast)
     seconds = {"experts_seconds": experts_seconds, "aggregate_seconds": time.perf_counter() - began}
-    experts_frame = expert_table(forecasts, config)
-    metrics = aggregate_metrics(table, experts_frame, selection, seconds)
+    experts_frame = expert_table(forecasts, config).assign(kept=lambda f: f["expert"].isin(pruning.kept))
+    metrics = aggregate_metrics(table, experts_frame, pruning.selection, seconds)
     require_finite({name: metrics[name] for name in ("rmse_test", "rmse_validation")}, "an aggregate metric",
                    numerical_fix(config))
-    log.info("aggregate: rmse_test=%.5g (best expert %.5g), rmse_validation=%.5g (best expert %.5g), %s",
+    log.info("aggregate: rmse_test=%.5g (best expert %.5g), rmse_validation=%.5g (best expert %.5g), %s, experts %s",
              metrics["rmse_test"], metrics["rmse_test_best_expert"], metrics["rmse_validation"],
-             metrics["rmse_validation_best_expert"], selection.chosen.label)
-    record_aggregate(tracked, config, table, experts_frame, metrics, selection, combined, forecasts)
+             metrics["rmse_validation_best_expert"], pruning.selection.chosen.label, ", ".join(pruning.kept))
+    record_aggregate(tracked, config, table, experts_frame, metrics, pruning, combined, forecasts)
     fit = forecasts.fits[0]
     return RunResult(run_id=None, route=fit.plan.route, width=fit.model.design.width, groups=fit.model.groups,
                      coef=fit.model.coef, metrics=metrics, table=lambda: table, plan=fit.plan, stats=fit.stats)
+
+
+def choose(forecasts: ExpertForecasts, config: Config, scale: float, devices: DeviceManager, dtype) -> Pruning:
+    """The experts (all, or those backward elimination keeps: aggregate.select_experts) and their rule,
+    chosen on the validation days."""
+    settings, test_start = config.aggregate, pd.Timestamp(config.split.test_start)
+
+    def chosen_rule(experts: List[str]) -> Selection:
+        return select(forecasts.table, experts, settings, test_start, scale, devices.device, dtype)
+
+    if settings.select_experts:
+        return prune(forecasts.names, chosen_rule)
+    return Pruning(forecasts.names, chosen_rule(forecasts.names))
 
 
 def monthly_rmse(table: pd.DataFrame, names: list) -> pd.DataFrame:
@@ -113,15 +127,16 @@ def monthly_rmse(table: pd.DataFrame, names: list) -> pd.DataFrame:
 
 
 def record_aggregate(tracked: TrackedRun, config: Config, table: pd.DataFrame, experts: pd.DataFrame,
-                     metrics: Dict[str, float], selection: Selection, combined: Combined,
-                     forecasts: ExpertForecasts) -> None:
+                     metrics: Dict[str, float], pruning: Pruning, combined: Combined, forecasts: ExpertForecasts) -> None:
     """Log the run: metrics, the experts' table and choices, the candidates, the weights, predictions, plots."""
-    tracked.log_params({"aggregate_chosen": selection.chosen.label, "aggregate_experts": ",".join(forecasts.names)})
+    selection, kept = pruning.selection, pruning.kept
+    tracked.log_params({"aggregate_chosen": selection.chosen.label, "aggregate_experts": ",".join(kept)})
     tracked.log_metrics(metrics)
     tracked.log_frame(experts, "aggregate/experts.csv")
-    tracked.log_json({"candidates": selection.as_dict(), "experts": forecasts.chosen}, "aggregate/selection.json")
-    weights = pd.DataFrame(combined.daily, columns=forecasts.names).assign(day=combined.days.astype(str))
-    tracked.log_frame(weights[["day", *forecasts.names]], "aggregate/weights.csv")
+    tracked.log_json({"candidates": selection.as_dict(), "experts": forecasts.chosen, "pruning": pruning.steps},
+                     "aggregate/selection.json")
+    weights = pd.DataFrame(combined.daily, columns=kept).assign(day=combined.days.astype(str))
+    tracked.log_frame(weights[["day", *kept]], "aggregate/weights.csv")
     months = monthly_rmse(table, forecasts.names)
     tracked.log_frame(months.rename_axis("month").reset_index().astype({"month": str}), "aggregate/monthly_rmse.csv")
     if config.tracking.log_predictions:
@@ -129,7 +144,8 @@ def record_aggregate(tracked: TrackedRun, config: Config, table: pd.DataFrame, e
     if config.tracking.log_plots:
         title = (f"{selection.chosen.label}: test RMSE {metrics['rmse_test']:.1f} "
                  f"(best expert {metrics['rmse_test_best_expert']:.1f})")
-        tracked.log_figure(weights_figure(combined.days, combined.daily, forecasts.names,
+        tracked.log_figure(weights_figure(combined.days, combined.daily, kept,
                                           pd.Timestamp(config.split.test_start), title), "plots/aggregate_weights.png")
-        tracked.log_figure(monthly_figure(months, "Monthly RMSE of the aggregate and the experts"),
+        tracked.log_figure(monthly_figure(months, pd.Timestamp(config.split.test_start),
+                                          "Monthly RMSE of the aggregate and the experts"),
                            "plots/aggregate_monthly_rmse.png")

@@ -24,8 +24,9 @@ def weights_figure(days: np.ndarray, daily: np.ndarray, names: Sequence[str], te
     return figure
 
 
-def monthly_figure(monthly: pd.DataFrame, title: str = ""):
-    """Each forecast's RMSE per month (``monthly``: one column per forecast, indexed by monthly periods)."""
+def monthly_figure(monthly: pd.DataFrame, test_start: pd.Timestamp, title: str = ""):
+    """Each forecast's RMSE per month (``monthly``: one column per forecast, indexed by monthly periods), the
+    test period's start marked."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(12, 5), layout="constrained")
@@ -33,6 +34,7 @@ def monthly_figure(monthly: pd.DataFrame, title: str = ""):
     for name in monthly.columns:
         width = 2.0 if name == "aggregate" else 0.8
         axis.plot(monthly.index.to_timestamp(), monthly[name], lw=width, marker="o", ms=3, label=name)
+    axis.axvline(test_start, color="black", lw=0.8, ls="--")
     axis.set_ylabel("RMSE")
     axis.set_title(title or "Monthly RMSE")
     axis.grid(alpha=0.3)

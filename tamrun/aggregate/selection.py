@@ -79,6 +79,11 @@ class Selection:
     scores: Dict[Candidate, float]
     chosen: Candidate
 
+    @property
+    def score(self) -> float:
+        """The chosen candidate's validation RMSE."""
+        return self.scores[self.chosen]
+
     def as_dict(self) -> Dict[str, object]:
         return {"candidates": [{**c.as_dict(), "rmse_validation": s} for c, s in self.scores.items()],
                 "chosen": self.chosen.as_dict(), "rmse_validation": self.scores[self.chosen]}
@@ -95,8 +100,8 @@ def select(table: pd.DataFrame, experts: List[str], settings: AggregateConfig, t
         out = run_batch(grid, batch, len(grid.days), scale, device)
         scores.update(zip(batch, slot_scores(grid, out.forecast, len(grid.days))))
     chosen = min(scores, key=lambda c: scores[c])
-    log.info("aggregate: validation RMSE %s: %s chosen (%.5g)",
-             ", ".join(f"{s:.5g}" for s in scores.values()), chosen.label, scores[chosen])
+    log.debug("aggregate: experts %s, validation RMSE %s: %s chosen (%.5g)", ", ".join(experts),
+              ", ".join(f"{s:.5g}" for s in scores.values()), chosen.label, scores[chosen])
     return Selection(scores, chosen)
 
 

@@ -489,6 +489,9 @@ class AggregateConfig:
     gradient: List[bool] = field(default_factory=lambda: [True, False])
     # One weight vector per group (true) or one for every group (false); both are tried by default.
     per_group: List[bool] = field(default_factory=lambda: [True, False])
+    # Choose the experts too, on the validation period: drop one at a time while that lowers the aggregate's
+    # validation RMSE (backward elimination, tamrun/aggregate/pruning.py); false: aggregate every expert.
+    select_experts: bool = False
 
 
 @dataclass
