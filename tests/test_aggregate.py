@@ -65,6 +65,7 @@ def test_an_aggregate_run_records_the_experts_the_weights_and_the_choice(compose
     assert selection["experts"]["slow"]["pair"][0] in (1e-5, 1e-4) and len(selection["experts"]["slow"]["grid"]) == 2
     experts = pd.read_csv(artifact(client, result.run_id, "aggregate/experts.csv", tmp_path))
     assert list(experts["expert"]) == ["static", "slow", "fast", "spline_only"]
+    assert list(experts["mode"]) == ["run", "kalman", "kalman", "kalman"] and experts["kept"].all()
     weights = pd.read_csv(artifact(client, result.run_id, "aggregate/weights.csv", tmp_path))
     np.testing.assert_allclose(weights[["static", "slow", "fast", "spline_only"]].sum(axis=1), 1.0, atol=1e-12)
     names = {f.path for f in client.list_artifacts(result.run_id, "plots")}

@@ -18,8 +18,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import pandas as pd
+import torch
 
-from tamrun.aggregate.experts import compose_experts, families
+from tamrun.aggregate.experts import Expert, compose_experts, families
 from tamrun.aggregate.forecasts import TEST, VALIDATION, ExpertForecasts, expert_forecasts
 from tamrun.aggregate.plots import monthly_figure, weights_figure
 from tamrun.aggregate.pruning import Pruning, prune
@@ -43,13 +44,15 @@ def target_scale(forecasts: ExpertForecasts) -> float:
     return scale if scale > 0 else 1.0
 
 
-def expert_table(forecasts: ExpertForecasts, config: Config) -> pd.DataFrame:
-    """One row per expert: its model, mode, chosen (q, p0), validation and test RMSE, and its family's seconds."""
+def expert_table(forecasts: ExpertForecasts, experts: List[Expert]) -> pd.DataFrame:
+    """One row per expert: its model, mode (run or kalman), chosen (q, p0), validation and test RMSE, and its
+    family's seconds."""
     table, rows = forecasts.table, []
-    for name in forecasts.names:
-        spec, chosen = config.aggregate.experts[name], forecasts.chosen.get(name, {})
-        q, p0 = chosen.get("pair", (None, None))
-        rows.append({"expert": name, "model": spec.model, "mode": spec.mode.value, "kalman_q": q, "kalman_p0": p0,
+    for expert in experts:
+        name, config = expert.name, expert.config
+        q, p0 = forecasts.chosen.get(name, {}).get("pair", (None, None))
+        mode = config.adaptive.method.value if expert.filtered else config.mode.name.value
+        rows.append({"expert": name, "model": config.model.name, "mode": mode, "kalman_q": q, "kalman_p0": p0,
                      **{f"rmse_{period}": rmse(part["actual"].to_numpy(), part[name].to_numpy())
                         for period, part in table.groupby("period", sort=False)},
                      "family_seconds": forecasts.seconds.get(name, np.nan)})
@@ -92,7 +95,7 @@ def aggregate_job(cfg: Any, config: Config, devices: DeviceManager, tracked: Tra
         combined = combine(forecasts.table, pruning.kept, pruning.selection.chosen, scale, devices.device, dtype)
     table = forecasts.table.assign(aggregate=combined.forecast)
     seconds = {"experts_seconds": experts_seconds, "aggregate_seconds": time.perf_counter() - began}
-    experts_frame = expert_table(forecasts, config).assign(kept=lambda f: f["expert"].isin(pruning.kept))
+    experts_frame = expert_table(forecasts, experts).assign(kept=lambda f: f["expert"].isin(pruning.kept))
     metrics = aggregate_metrics(table, experts_frame, pruning.selection, seconds)
     require_finite({name: metrics[name] for name in ("rmse_test", "rmse_validation")}, "an aggregate metric",
                    numerical_fix(config))
@@ -105,7 +108,8 @@ def aggregate_job(cfg: Any, config: Config, devices: DeviceManager, tracked: Tra
                      coef=fit.model.coef, metrics=metrics, table=lambda: table, plan=fit.plan, stats=fit.stats)
 
 
-def choose(forecasts: ExpertForecasts, config: Config, scale: float, devices: DeviceManager, dtype) -> Pruning:
+def choose(forecasts: ExpertForecasts, config: Config, scale: float, devices: DeviceManager, dtype: torch.dtype
+           ) -> Pruning:
     """The experts (all, or those backward elimination keeps: aggregate.select_experts) and their rule,
     chosen on the validation days."""
     settings, test_start = config.aggregate, pd.Timestamp(config.split.test_start)
