@@ -157,7 +157,8 @@ def test_selected_experts_are_chosen_on_the_validation_period_and_aggregate_as_a
     poor = expert("poor", "run", DOW)  # no effect of x: far worse than the others
     result = run(compose_cfg(*aggregate_overrides(csv_path, "aggregate.select_experts=true", poor)))
     client = MlflowClient(tracking_uri=store_uri)
-    steps = json.loads(artifact(client, result.run_id, "aggregate/selection.json", tmp_path / "a").read_text())["pruning"]
+    selection = artifact(client, result.run_id, "aggregate/selection.json", tmp_path / "a")
+    steps = json.loads(selection.read_text())["pruning"]
     assert steps[0]["experts"] == ["static", "slow", "fast", "spline_only", "poor"]
     scores = [step["rmse_validation"] for step in steps]
     assert all(later < earlier for earlier, later in zip(scores, scores[1:]))

@@ -77,7 +77,8 @@ def filtered_forecasts(data: FilterInputs, run: FilterRun, start: pd.Timestamp) 
     return index, run.forecast[:, g, day, slot].numpy()
 
 
-def union_pairs(experts: List[Expert], chosen: Optional[Dict[str, Dict[str, object]]] = None) -> List[Tuple[float, float]]:
+def union_pairs(experts: List[Expert], chosen: Optional[Dict[str, Dict[str, object]]] = None
+                ) -> List[Tuple[float, float]]:
     """The (q, p0) pairs of ``experts`` once each, in order: their grids, or their ``chosen`` pairs."""
     pairs = [p for e in experts for p in ([chosen[e.name]["pair"]] if chosen else e.pairs)]
     return list(dict.fromkeys(pairs))
@@ -98,8 +99,8 @@ def validation_filters(prepared: Prepared, static: Fit, experts: List[Expert], o
     for expert in experts:
         own = [pairs.index(p) for p in expert.pairs]
         best = own[int(np.argmin([scores[i] for i in own]))]
-        chosen[expert.name] = {"pair": pairs[best], "rmse_validation": scores[best],
-                               "grid": [{"q": pairs[i][0], "p0": pairs[i][1], "rmse_validation": scores[i]} for i in own]}
+        grid = [{"q": pairs[i][0], "p0": pairs[i][1], "rmse_validation": scores[i]} for i in own]
+        chosen[expert.name] = {"pair": pairs[best], "rmse_validation": scores[best], "grid": grid}
         out[expert.name] = pd.Series(values[best], index=index)
 
 
@@ -150,7 +151,8 @@ def expert_forecasts(families: List[Family], devices: DeviceManager, order: List
     fits, first = [], None
     for family in families:
         began = time.perf_counter()
-        prepared = prepare(family.config, family.specs, devices, libraries_loaded=libraries_loaded if first is None else None)
+        loaded = libraries_loaded if first is None else None
+        prepared = prepare(family.config, family.specs, devices, libraries_loaded=loaded)
         first = first or prepared
         found, refit = family_forecasts(prepared, family, chosen)
         series.update(found)

@@ -56,5 +56,6 @@ def series_grid(table: pd.DataFrame, experts: list, per_group: bool, dtype: torc
     values = torch.zeros(shape + (len(experts) + 1,), dtype=dtype)
     values[series, position] = torch.as_tensor(table[["actual", *experts]].to_numpy(dtype=np.float64), dtype=dtype)
     placed = grid.place(values)
-    return SeriesGrid(placed[..., 1:].contiguous(), placed[..., 0].contiguous(), grid.place(torch.as_tensor(real), False),
-                      grid.days, series, grid.day[series, position], grid.slot[series, position])
+    observed = grid.place(torch.as_tensor(real), False)
+    return SeriesGrid(placed[..., 1:].contiguous(), placed[..., 0].contiguous(), observed, grid.days, series,
+                      grid.day[series, position], grid.slot[series, position])

@@ -131,7 +131,8 @@ def monthly_rmse(table: pd.DataFrame, names: list) -> pd.DataFrame:
 
 
 def record_aggregate(tracked: TrackedRun, config: Config, table: pd.DataFrame, experts: pd.DataFrame,
-                     metrics: Dict[str, float], pruning: Pruning, combined: Combined, forecasts: ExpertForecasts) -> None:
+                     metrics: Dict[str, float], pruning: Pruning, combined: Combined,
+                     forecasts: ExpertForecasts) -> None:
     """Log the run: metrics, the experts' table and choices, the candidates, the weights, predictions, plots."""
     selection, kept = pruning.selection, pruning.kept
     tracked.log_params({"aggregate_chosen": selection.chosen.label, "aggregate_experts": ",".join(kept)})

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 
-def weights_figure(days: np.ndarray, daily: np.ndarray, names: Sequence[str], test_start: pd.Timestamp, title: str = ""):
+def weights_figure(days: np.ndarray, daily: np.ndarray, names: Sequence[str], test_start: pd.Timestamp,
+                   title: str = ""):
     """Stacked daily weights (T, K) of the experts ``names`` (averaged over the series), the test period's
     start marked: the weights each day was forecast with."""
     from matplotlib.figure import Figure
