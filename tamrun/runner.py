@@ -2,6 +2,7 @@
 
     config -> device manager -> MLflow run -> prepare (data, features, plan: `tamrun.jobs.prepare`)
            -> job: run (`tamrun.jobs.fit`), plan (`tamrun.jobs.plan`) or adaptive (`tamrun.adaptive.job`)
+    mode=aggregate: config -> device manager -> MLflow run -> `tamrun.aggregate.job` (prepares each expert)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import tamrun
 from tamrun.adaptive.job import adaptive_job
+from tamrun.aggregate.job import aggregate_job
 from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName
 from tamrun.device import DeviceManager, resolved_kind
@@ -68,9 +70,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
             tracked.set_tags({"device": devices.name, "device_kind": devices.kind, **thread_tags(devices)})
             with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
-                prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
-                record_inputs(tracked, prepared)
-                result = TRACKED_JOBS[config.mode.name](prepared, tracked)
+                result = tracked_job(cfg, config, specs, devices, tracked, libraries_loaded)
         except Exception as error:  # bad input or a bug: the caller learns which run the error ended FAILED
             note_run(error, tracked.run_id)
             raise
@@ -82,13 +82,29 @@ def plain_run_name(config: Config, overrides: Optional[List[str]]) -> str:
     """``<model>-<data>`` and what the command line's ``overrides`` and the device change
     (`tamrun.tracking.run_names.run_name`)."""
     kind = resolved_kind(config.hw.device.value, config.hw.preference)
-    return run_names.run_name(config.model.name, config.data.name, overrides or (), kind)
+    return run_names.run_name(model_label(config), config.data.name, overrides or (), kind)
+
+
+def tracked_job(cfg: Any, config: Config, specs: Dict[str, Any], devices: DeviceManager, tracked: TrackedRun,
+                libraries_loaded: Optional[Callable[[], None]]) -> RunResult:
+    """The job of ``config.mode``: mode=aggregate prepares each of its experts itself; the others share one
+    preparation (`prepare`) and record the splits as the run's inputs."""
+    if config.mode.name == ModeName.aggregate:
+        return aggregate_job(cfg, config, devices, tracked, libraries_loaded)
+    prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
+    record_inputs(tracked, prepared)
+    return TRACKED_JOBS[config.mode.name](prepared, tracked)
+
+
+def model_label(config: Config) -> str:
+    """What the run fits: the model preset's name, or ``aggregate`` for mode=aggregate (its experts' models)."""
+    return "aggregate" if config.mode.name == ModeName.aggregate else config.model.name
 
 
 def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
     """The run's tags: tamrun's version, the model and data names, MLflow's source and user tags
     (`tamrun.tracking.source`), and ``extra``."""
-    return {"tamrun_version": tamrun.__version__, "model": config.model.name, "data": config.data.name,
+    return {"tamrun_version": tamrun.__version__, "model": model_label(config), "data": config.data.name,
             **source_tags(), **(extra or {})}
 
 

@@ -148,6 +148,26 @@ def test_the_adaptive_modes_run_under_the_check_with_the_cpus_numbers(compose_cf
     assert comparable(checked.metrics) == comparable(plain.metrics) and "rmse_test" in comparable(plain.metrics)
 
 
+def test_the_aggregate_mode_runs_under_the_check_with_the_cpus_numbers(compose_cfg, csv_path):
+    """Experts (a static model, two Kalman filters sharing a forest model's design) and every aggregation
+    rule, under the check: the same experts' forecasts, choice and aggregate as on the plain CPU."""
+    effects = ", ".join(f'"{o}"' for o in ("+model.effects.sx={kind: spline, column: x, k: 10, ap: -6}", FOREST_X[0]))
+    kalman = '"adaptive.method=kalman"'
+    experts = [f"+aggregate.experts.static={{model: custom, overrides: [{effects}]}}",
+               f"+aggregate.experts.slow={{model: custom, mode: adaptive, overrides: [{kalman}, {effects}, "
+               '"adaptive.kalman.q=[1e-4]"]}',
+               f"+aggregate.experts.fast={{model: custom, mode: adaptive, overrides: [{kalman}, {effects}, "
+               '"adaptive.kalman.q=[1e-2,1e-1]"]}']
+    overrides = [*csv_overrides(csv_path), "tracking=none", "mode=aggregate", "split.validation_start=2020-10-01",
+                 *experts]
+    checked = run(compose_cfg(*overrides, "hw=check"))
+    plain = run(compose_cfg(*overrides, "hw=cpu"))
+    assert torch.equal(checked.coef, plain.coef)
+    assert comparable(checked.metrics) == comparable(plain.metrics) and "rmse_test_fast" in comparable(plain.metrics)
+    columns = ["aggregate", "static", "slow", "fast"]
+    assert checked.predictions[columns].equals(plain.predictions[columns])
+
+
 def test_the_day_ahead_experiment_runs_under_the_check(compose_cfg):
     result = run(compose_cfg("+experiment=day_ahead", "hw=check", "tracking=none"))
     assert 900 < result.metrics["rmse_test"] < 1300

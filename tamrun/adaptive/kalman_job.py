@@ -22,6 +22,7 @@ import pandas as pd
 from tamrun.adaptive.filtering import (FilterInputs, FilterRun, check_input_room, filter_inputs, input_bytes,
                                       run_filters, slot_rmse)
 from tamrun.adaptive.plots import adaptive_figure, weights_figure
+from tamrun.config.schema import KalmanConfig
 from tamrun.evaluate import mape, require_finite, require_plausible, rmse
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
@@ -56,14 +57,15 @@ def grid_pairs(prepared: Prepared) -> List[Tuple[float, float]]:
     return [(float(q), float(p0)) for q in kal.q for p0 in kal.p0]
 
 
-def adapt(prepared: Prepared, fit: Fit, frame: pd.DataFrame, start: pd.Timestamp,
-          pairs: List[Tuple[float, float]], keep_weights: bool) -> Tuple[FilterInputs, FilterRun]:
-    """Filters of ``pairs`` over the rows of ``frame``, burnt in on the rows before ``start``."""
-    config, kal = prepared.config, prepared.config.adaptive.kalman
+def adapt(prepared: Prepared, fit: Fit, frame: pd.DataFrame, start: pd.Timestamp, pairs: List[Tuple[float, float]],
+          keep_weights: bool, kal: Optional[KalmanConfig] = None) -> Tuple[FilterInputs, FilterRun]:
+    """Filters of ``pairs`` over the rows of ``frame``, burnt in on the rows before ``start``; ``kal``: the
+    state and skip_updates (default: the run's adaptive.kalman)."""
+    config, kal = prepared.config, kal or prepared.config.adaptive.kalman
     check_input_room(input_bytes(fit.model, len(frame), kal.state), prepared.plan.budget, kal.state)
     data = filter_inputs(fit.model, frame, start, kal.state, kal.skip_updates, prepared.devices.device,
                          fit.plan.predict.rows)
-    with prepared.tracker.hold(data.nbytes(), "kalman inputs"):
+    with prepared.tracker.hold(data.nbytes(), "kalman inputs"), prepared.devices.serial():
         run = run_filters(data, pairs, data.day_index(start), prepared.chunk_loop(), prepared.plan.budget,
                           prepared.plan.overhead, keep_weights, prepared.devices.device)
     log.info("kalman: %d pair(s) x %d group(s), k=%d inputs, %d days (%.2f s burn-in, %.2f s from %s)",

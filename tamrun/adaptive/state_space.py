@@ -66,14 +66,17 @@ def effect_contributions(design: AdditiveDesign, coef: torch.Tensor, x: torch.Te
     blocks, design = design.blocks, design.to(device)
     out = torch.zeros(x.shape[:2] + (len(blocks),), dtype=x.dtype)
     coef = coef.to(device=device, dtype=x.dtype)
-    masked = torch.zeros((len(blocks),) + coef.shape, dtype=x.dtype, device=device)
-    for j, block in enumerate(blocks):
-        masked[j, :, block.start:block.stop] = coef[:, block.start:block.stop]
+    dense_width = design.dense_width
     for r0, r1 in row_spans(x.shape[1], max(1, row_chunk)):
         chunk = design.chunk(x[:, r0:r1].to(device))
-        for j in range(len(blocks)):
-            out[:, r0:r1, j] = chunk.matvec(masked[j]).cpu()
-        del chunk
+        terms = chunk.dense * coef[:, None, :dense_width]  # (g, n, Dd): each dense column's part of the forecast
+        indexed = dict(chunk.indexed)
+        for j, block in enumerate(blocks):
+            if block.start < dense_width:
+                out[:, r0:r1, j] = terms[..., block.start:block.stop].sum(dim=-1).cpu()
+            else:
+                out[:, r0:r1, j] = indexed[block.start].matvec(coef[:, block.start:block.stop]).cpu()
+        del chunk, terms
     return out
 
 

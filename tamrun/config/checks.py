@@ -17,6 +17,8 @@ from tamrun.errors import ConfigError
 _DERIVED_KINDS = ("time_index", "isin", "expr")
 # The most candidates of one effect's GCV grid (model.gcv.span / model.gcv.step).
 MAX_GCV_GRID = 401
+# Columns of mode=aggregate's predictions table and words of its metrics no expert may be named.
+RESERVED_EXPERT_NAMES = ("date", "group", "period", "actual", "aggregate", "best_expert")
 
 
 def _require(ok: bool, field: str, value: Any, problem: str, fix: str) -> None:
@@ -40,6 +42,7 @@ def check_config(cfg: Config) -> None:
     _check_hw(cfg)
     _check_data(cfg)
     _check_adaptive(cfg)
+    _check_aggregate(cfg)
     _check_tracking(cfg)
     _check_objective(cfg)
 
@@ -149,6 +152,40 @@ def _check_kalman(cfg: Config) -> None:
              f"or give one pair, e.g. {field}.q=[1e-5] {field}.p0=[1]")
 
 
+def _check_aggregate(cfg: Config) -> None:
+    """mode=aggregate: a validation period, at least two experts of mode run or adaptive, and non-empty
+    grids (EWA's eta finite and > 0)."""
+    if cfg.mode.name != ModeName.aggregate:
+        return
+    agg, field = cfg.aggregate, "aggregate"
+    _require(cfg.split.validation_start is not None, "split.validation_start", None,
+             "mode=aggregate chooses its rule on a validation period and warms the weights up over it",
+             "set split.validation_start (e.g. 2023-01-01 for a test year 2024)")
+    _require(len(agg.experts) >= 2, f"{field}.experts", sorted(agg.experts),
+             f"mode=aggregate combines experts and has {len(agg.experts)}",
+             f"add experts, e.g. '+{field}.experts.static={{model: spline}}' (+experiment=day_ahead_aggregate lists some)")
+    for name, expert in agg.experts.items():
+        _require(re.fullmatch(r"[A-Za-z0-9_]+", name) is not None and name not in RESERVED_EXPERT_NAMES,
+                 f"{field}.experts.{name}", name, "an expert's name names its forecast column and metrics "
+                 f"(letters, digits and _; not {', '.join(RESERVED_EXPERT_NAMES)})", "rename the expert")
+        _require(expert.mode in (ModeName.run, ModeName.adaptive), f"{field}.experts.{name}.mode", expert.mode.value,
+                 "an expert forecasts with mode run (the static model) or adaptive (adaptive.method=kalman)",
+                 f"set {field}.experts.{name}.mode=run or adaptive")
+    bad = [v for v in agg.eta if not (math.isfinite(v) and v > 0)]
+    _require(bool(agg.eta) and not bad, f"{field}.eta", list(agg.eta),
+             "EWA's learning rates must be finite and > 0 (at least one)",
+             f"set {field}.eta={cli_list(schema_default(f'{field}.eta'))}, or one value, e.g. {field}.eta=[1]")
+    for name in ("rules", "gradient", "per_group"):
+        values = list(getattr(agg, name))
+        _require(bool(values), f"{field}.{name}", values, "the list of candidates is empty",
+                 f"set {field}.{name}={cli_list(schema_default(f'{field}.{name}'))}")
+
+
+def cli_list(values: List[Any]) -> str:
+    """A list as the command line writes it: [ewa,mlpoly], [0.1,1], [true,false]."""
+    return "[" + ",".join(cli_text(v) for v in values) + "]"
+
+
 def _check_tracking(cfg: Config) -> None:
     _require(bool(cfg.tracking.experiment.strip()), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", _set_default("tracking.experiment"))
@@ -156,6 +193,8 @@ def _check_tracking(cfg: Config) -> None:
 
 def scored_splits(cfg: Config) -> List[str]:
     """The splits a run of this config scores as rmse_<split> and mape_<split>."""
+    if cfg.mode.name == ModeName.aggregate:
+        return ["test", "validation"]
     if cfg.mode.name == ModeName.adaptive:
         chooses = cfg.adaptive.method == AdaptiveMethod.kalman and cfg.split.validation_start
         return ["test", "test_static"] + (["validation"] if chooses else [])

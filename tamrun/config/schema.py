@@ -80,6 +80,7 @@ class ModeName(str, Enum):
     run = "run"
     plan = "plan"
     adaptive = "adaptive"
+    aggregate = "aggregate"
 
 
 class AdaptiveMethod(str, Enum):
@@ -94,6 +95,14 @@ class KalmanState(str, Enum):
 
     effects = "effects"
     coefficients = "coefficients"
+
+
+class AggregationRule(str, Enum):
+    """mode=aggregate: how the experts' weights follow their past losses (tamrun/aggregate/rules.py):
+    exponentially weighted averages with a learning rate, or ML-Poly (one adaptive rate per expert)."""
+
+    ewa = "ewa"
+    mlpoly = "mlpoly"
 
 
 class PenaltyMode(str, Enum):
@@ -467,9 +476,47 @@ class AdaptiveConfig:
 
 
 @dataclass
+class ExpertConfig:
+    """One expert of ``mode=aggregate``: composed by Hydra as the command line
+    ``model=<model> mode=<mode> <overrides...>`` would be (``+experiment=...`` included), then given the
+    run's data, split, hw, memory, dtype, seed and progress. ``mode``: run (the static model) or adaptive
+    with ``adaptive.method=kalman`` among the overrides (the filter; its q chosen on the validation period)."""
+
+    model: str = MISSING
+    mode: ModeName = ModeName.run
+    overrides: List[str] = field(default_factory=list)
+
+
+@dataclass
+class AggregateConfig:
+    """Online aggregation of experts (``mode=aggregate``, tamrun/aggregate/, docs/adaptive.md): every expert
+    forecasts the validation period (its models fitted on the rows before it) and the test period (refitted
+    on every row before it); a rule combines them day by day, each day's weights from the losses of the days
+    before it. Every candidate of rules x eta (EWA's) x gradient x per_group runs over the validation period
+    (split.validation_start, required); the one with the lowest validation RMSE then runs on through the
+    test period. Losses are in units of s^2, s the target's standard deviation over the training rows."""
+
+    # name -> ExpertConfig (typed when loaded, see `mapping_of`); at least two.
+    experts: Dict[str, Any] = mapping_of(ExpertConfig, "an expert")
+    # The rules tried: ewa | mlpoly.
+    rules: List[AggregationRule] = field(default_factory=lambda: [AggregationRule.ewa, AggregationRule.mlpoly])
+    # EWA's learning rates tried (units of 1 / s^2 per unit of loss; a grid, > 0).
+    eta: List[float] = field(default_factory=lambda: [0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0])
+    # Learn from the losses linearised at the aggregate (true: compete with the best convex combination of
+    # the experts) or from the squared errors themselves (false: with the best expert); both are tried by default.
+    gradient: List[bool] = field(default_factory=lambda: [True, False])
+    # One weight vector per group (true) or one for every group (false); both are tried by default.
+    per_group: List[bool] = field(default_factory=lambda: [True, False])
+    # Choose the experts too, on the validation period: drop one at a time while that lowers the aggregate's
+    # validation RMSE (backward elimination, tamrun/aggregate/pruning.py); false: aggregate every expert.
+    select_experts: bool = False
+
+
+@dataclass
 class ModeConfig:
     """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only;
-    ``adaptive`` refits on a sliding window over the test period (settings: `Config.adaptive`)."""
+    ``adaptive`` refits on a sliding window over the test period (settings: `Config.adaptive`);
+    ``aggregate`` combines experts online (settings: `Config.aggregate`)."""
 
     name: ModeName = ModeName.run
 
@@ -485,6 +532,7 @@ class Config:
     split: SplitConfig = field(default_factory=SplitConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     dtype: DType = DType.float64
     # Seeds torch and the forests' random trees (a forest effect's own `seed` wins).
     seed: int = 0

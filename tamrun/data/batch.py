@@ -49,12 +49,11 @@ def build_batch(frame: pd.DataFrame, columns: Sequence[str], target: str, group:
     keys = frame[group].to_numpy() if group else np.zeros(len(frame), dtype=np.int64)
     if groups is None:
         groups = sorted(pd.unique(keys).tolist())
-    position = {g: i for i, g in enumerate(groups)}
-    try:
-        gidx = np.fromiter((position[k] for k in keys), dtype=np.int64, count=len(keys))
-    except KeyError as exc:
-        raise DataError("data.group", group, f"group {plain(exc.args[0])!r} appears in the test split but not in training",
-                        "train on a period that covers every group, or drop that group") from None
+    gidx = pd.Index(groups).get_indexer(keys).astype(np.int64)  # one vectorised lookup, not one per row
+    if (gidx < 0).any():
+        unseen = keys[int(np.argmax(gidx < 0))]
+        raise DataError("data.group", group, f"group {plain(unseen)!r} appears in the test split but not in training",
+                        "train on a period that covers every group, or drop that group")
     order = np.argsort(gidx, kind="stable")
     counts = np.bincount(gidx, minlength=len(groups))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])

@@ -1,0 +1,1 @@
+"""``mode=aggregate``: experts' day-ahead forecasts combined online (docs/adaptive.md)."""
