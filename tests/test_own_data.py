@@ -28,6 +28,8 @@ MAPPING_ENTRIES = {
                      "{kind: time_index, unit: h}"],
     "model.effects": ["{kind: linear, column: Load_d7}",
                       "{kind: crossing, left: {kind: fourier, column: toy}, right: {kind: linear, column: Load_d7}}"],
+    "aggregate.experts": ["{model: spline}",
+                          "{model: fourier, mode: adaptive, overrides: ['adaptive.method=kalman']}"],
 }
 ENTRIES = [(path, entry) for path, entries in MAPPING_ENTRIES.items() for entry in entries]
 
@@ -65,7 +67,8 @@ def test_a_whole_entry_can_be_added_on_the_command_line(compose_cfg, path, entry
     if path == "model.effects":  # typed into `specs` by the effects' parser
         added = specs["added"]
     assert dataclasses.is_dataclass(added)
-    assert dataclasses.asdict(added)["kind"] == entry.split(",")[0].removeprefix("{kind: ")
+    first_key, first_value = entry.split(",")[0].strip("{}").split(": ")  # e.g. kind: crossing, model: spline
+    assert dataclasses.asdict(added)[first_key] == first_value
 
 
 def test_a_derived_column_added_on_the_command_line_is_computed_and_read(tmp_path):

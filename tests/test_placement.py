@@ -31,16 +31,12 @@ from tamrun.placement import CHECK_DEVICE, HOST, PlacementCheck, PlacementError,
 from tamrun.runner import run
 
 from conftest import csv_overrides
+from test_determinism import comparable
 
 # One year of training, one month of test: every preset in seconds, forest_fourier in the dual form
 # (365 rows per group < D).
 SHORT = ["split.train_start=2023-01-01", "split.test_end=2024-01-31"]
 PRESETS = ["fourier", "fourier_holidays", "spline", "spline_holidays", "forest", "forest_fourier", "forest_big"]
-
-
-def comparable(metrics: dict) -> dict:
-    """The metrics that depend on the numbers only (not on the clock or the process's memory)."""
-    return {k: v for k, v in metrics.items() if not any(w in k for w in ("seconds", "bytes", "utilisation"))}
 
 
 def _equal_runs(checked, plain) -> None:

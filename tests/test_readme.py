@@ -33,10 +33,10 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-COMMAND_STARTS = ("python ", "python3 ", ".venv/bin/python ", "mlflow ")
+COMMAND_STARTS = ("python ", "python3 ", ".venv/bin/python ", "mlflow ", "bash ")
+TEST_COMMAND = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]  # the README's, as CI runs it
 NOT_RUN = {
-    'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 && .venv/bin/pip install -q -e ".[test]" '
-    '&& .venv/bin/python -m pytest',
+    TEST_COMMAND,
     "python3 -m venv ../peer-venv && ../peer-venv/bin/pip install torch==2.13.0 && ../peer-venv/bin/pip install "
     "tam-ml==1.5.0",
     ".venv/bin/python -m tamrun.bench --peer-python ../peer-venv/bin/python",
