@@ -78,14 +78,14 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitti
     before the planning baseline is taken; then ``libraries_loaded`` is called."""
     if fitting:
         import_recording_libraries(config)
-    metered = config.memory.meter and (TensorMeter.warm_up() if fitting else True)
+    metered = config.memory.meter and (TensorMeter.warm_up() if fitting and not devices.allocator_peaks else True)
     if libraries_loaded is not None:
         libraries_loaded()
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
     room = HostRoomWatch(config.memory.safety_margin_bytes)
     room("loading the data")
-    recorder = PhaseRecorder(devices)
+    recorder = PhaseRecorder(devices, sample=config.memory.meter_sampling)
     with recorder.phase("data"):
         splits = load_splits(config, specs, room)
     room("building the features", "batch", frame_bytes(splits.train))

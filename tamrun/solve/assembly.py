@@ -22,6 +22,7 @@ from tamrun.config.schema import SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, add_gram_
 from tamrun.effects.design import AdditiveDesign
+from tamrun.memory.sampling import repeating
 from tamrun.solve.coarse import CoarseCorrection, accumulate_sources, coarse_correction
 from tamrun.solve.direct import cholesky_solve
 from tamrun.solve.preconditioners import Preconditioner, grid_block_inverses, preconditioner
@@ -55,14 +56,16 @@ def normal_equations(design: AdditiveDesign, batch: GroupedBatch, groups: slice,
     dtype = batch.x.dtype
     gram = torch.zeros(g, dim, dim, dtype=dtype, device=device)
     rhs = torch.zeros(g, dim, dtype=dtype, device=device)
+    loop = object()  # names this loop's row chunks: they allocate alike, the shorter last one less
     for r0, r1 in row_spans(batch.x.shape[1], row_chunk):
-        chunk, y = design_chunk(design, batch, groups, slice(r0, r1), device)
-        if chunk.indexed:
-            gram += chunk.gram()
-        else:  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
-            add_gram_(gram, chunk.dense)
-        rhs += chunk.rmatvec(y)
-        del chunk, y
+        with repeating(("normal equations", loop), r1 - r0):
+            chunk, y = design_chunk(design, batch, groups, slice(r0, r1), device)
+            if chunk.indexed:
+                gram += chunk.gram()
+            else:  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
+                add_gram_(gram, chunk.dense)
+            rhs += chunk.rmatvec(y)
+            del chunk, y
     return gram, rhs
 
 
