@@ -40,7 +40,7 @@ PRESETS = ["fourier", "fourier_holidays", "spline", "spline_holidays", "forest",
 
 def comparable(metrics: dict) -> dict:
     """The metrics that depend on the numbers only (not on the clock or the process's memory)."""
-    return {k: v for k, v in metrics.items() if not any(w in k for w in ("seconds", "bytes", "utilisation"))}
+    return {k: v for k, v in metrics.items() if not any(w in k for w in ("seconds", "bytes", "mib", "utilisation"))}
 
 
 def _equal_runs(checked, plain) -> None:
