@@ -45,6 +45,12 @@ class DesignChunk:
     indexed: List[Tuple[int, IndexedBlock]]  # (first column, block)
     width: int
 
+    def prepare(self) -> "DesignChunk":
+        """The chunk with what its products would build at their first call built now (`IndexedBlock.prepare`)."""
+        for _, block in self.indexed:
+            block.prepare(self.dense.dtype)
+        return self
+
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """Phi v: (g, D) -> (g, n)."""
         dd = self.dense.shape[-1]

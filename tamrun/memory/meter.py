@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Dict, Hashable, Iterator, List, Tuple
 
 import torch
@@ -38,6 +39,24 @@ from tamrun.memory.guard import is_oom
 from tamrun.memory.sampling import ACTIVE
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scope:
+    """An open metered block: whether `TensorMeter.steady` took the hook off in it, and the bytes that
+    repeated blocks inside it kept (counted as alive until it ends)."""
+
+    paused: bool = False
+    kept: int = 0
+
+
+@dataclass(frozen=True)
+class Rise:
+    """A metered block: its extent, its peak above the bytes alive as it began, and what it kept."""
+
+    size: int
+    rise: int
+    kept: int
 
 
 def creates_storage(func) -> bool:
@@ -64,8 +83,8 @@ class TensorMeter(TorchDispatchMode):
         self._bound = 0  # live plus the bytes of charged storages freed since the last sweep
         self.peak = 0
         self._creates: Dict[object, bool] = {}  # operation -> creates_storage
-        self._rises: Dict[Hashable, Tuple[int, int]] = {}  # block key -> (size, peak above its start) metered
-        self._scopes: List[bool] = []  # the open metered blocks: whether `steady` took the hook off in each
+        self._rises: Dict[Hashable, Rise] = {}  # block key -> what its metered block rose and kept
+        self._scopes: List[Scope] = []  # the open metered blocks
         self._paused = False
         self._token = None
 
@@ -136,47 +155,64 @@ class TensorMeter(TorchDispatchMode):
         super().__enter__()
 
     @contextmanager
-    def block(self, key: Hashable, size: int = 0) -> Iterator[None]:
-        """A closed block of work keyed by ``key``, of extent ``size`` (`tamrun.memory.sampling.repeating`)."""
+    def block(self, key: Hashable, size: int = 0, keeps: bool = False) -> Iterator[None]:
+        """A block of work keyed by ``key``, of extent ``size``, closed unless it ``keeps`` what it makes
+        (`tamrun.memory.sampling.repeating`)."""
         known = self._rises.get(key)
         if self._paused or not self.sample:
             yield
-        elif known is not None and known[0] >= size:
-            yield from self._repeated(known[1])
+        elif known is not None and known.size >= size:
+            yield from self._repeated(known)
         else:
-            yield from self._first(key, size)
+            yield from self._first(key, size, keeps)
 
-    def _first(self, key: Hashable, size: int) -> Iterator[None]:
-        """Meter the block; its rise is kept for the key once it has ended without an error."""
+    def _first(self, key: Hashable, size: int, keeps: bool) -> Iterator[None]:
+        """Meter the block; its rise (and what it keeps) is recorded for the key once it has ended
+        without an error. What repeated blocks kept inside it ends with it, or, when it keeps what it
+        makes, goes on with the block around it."""
         start = self.live
         outer, self.peak = self.peak, start
-        self._scopes.append(False)
+        scope = Scope()
+        self._scopes.append(scope)
         try:
             yield
-            self._rises[key] = (size, self.peak - start)
+            self._rises[key] = Rise(size, self.peak - start, self.live - start if keeps else 0)
         finally:
-            if self._scopes.pop():
+            self._scopes.pop()
+            if scope.paused:
                 self._resume()
+            if not keeps:
+                self._bound -= scope.kept
+            elif self._scopes:
+                self._scopes[-1].kept += scope.kept
             self.peak = max(outer, self.peak)
 
-    def _repeated(self, rise: int) -> Iterator[None]:
-        """Run the block without the hook and charge ``rise`` above the bytes alive as it began."""
+    def _repeated(self, known: "Rise") -> Iterator[None]:
+        """Run the block without the hook and charge its rise above the bytes alive as it began, and
+        what it keeps until the block around it ends."""
         start = self._bound  # an upper bound of live: swept only when it could raise the peak
-        if start + rise > self.peak:
+        if start + known.rise > self.peak:
             start = self.live
         self._pause()
         try:
             yield
+            self._keep(known.kept)
         finally:
             self._resume()
-            self.peak = max(self.peak, start + rise)
+            self.peak = max(self.peak, start + known.rise)
+
+    def _keep(self, nbytes: int) -> None:
+        """Count ``nbytes`` that a block made without the hook as alive until the block around it ends."""
+        self._bound += nbytes
+        if self._scopes:
+            self._scopes[-1].kept += nbytes
 
     def steady(self) -> None:
         """Take the hook off until the innermost open block ends (none open: until the meter's end)."""
         if self._paused or not self.sample:
             return
         if self._scopes:
-            self._scopes[-1] = True
+            self._scopes[-1].paused = True
         self._pause()
 
     @classmethod

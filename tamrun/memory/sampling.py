@@ -15,9 +15,11 @@ when it began) kept; a later block of that key runs without the dispatch hook an
 above the bytes alive when it began. A block may state its ``size`` (the rows of a row chunk) when its
 allocations grow with it and its key names one loop (whose closed blocks all begin with the same bytes
 alive): a block no larger than one metered under its key is then charged that one's rise, which its own
-peak cannot exceed (the shorter last row chunk). `steady` takes the hook off until the innermost open
-block ends (without one, until the meter's end). Without an active meter both cost one
-context-variable read.
+peak cannot exceed (the shorter last row chunk). A block that ``keeps`` what it makes (a design chunk
+kept for the products) is not closed: what its metered instance kept is counted as alive, for each later
+one, until the block around it ends (it must not outlive that block). `steady` takes the hook off until
+the innermost open block ends (without one, until the meter's end); a block that keeps what it makes
+must not call it. Without an active meter both cost one context-variable read.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import ContextManager, Hashable, Optional, Protocol
 class Sampler(Protocol):
     """What a meter offers the code it meters (`tamrun.memory.meter.TensorMeter`)."""
 
-    def block(self, key: Hashable, size: int = 0) -> ContextManager[None]: ...
+    def block(self, key: Hashable, size: int = 0, keeps: bool = False) -> ContextManager[None]: ...
 
     def steady(self) -> None: ...
 
@@ -39,12 +41,12 @@ ACTIVE: ContextVar[Optional[Sampler]] = ContextVar("tamrun_active_meter", defaul
 NOTHING = nullcontext()
 
 
-def repeating(key: Hashable, size: int = 0) -> ContextManager[None]:
-    """A closed block of work that repeats under ``key`` (a tuple of what fixes its allocations: its
-    shapes, its route; with a ``size``, one loop's token too): metered the first time, charged the
-    first one's rise the next times."""
+def repeating(key: Hashable, size: int = 0, keeps: bool = False) -> ContextManager[None]:
+    """A block of work that repeats under ``key`` (a tuple of what fixes its allocations: its shapes,
+    its route; with a ``size``, one loop's token too), closed unless it ``keeps`` what it makes: metered
+    the first time, charged the first one's rise (and what it kept) the next times."""
     sampler = ACTIVE.get()
-    return NOTHING if sampler is None else sampler.block(key, size)
+    return NOTHING if sampler is None else sampler.block(key, size, keeps)
 
 
 def steady() -> None:
