@@ -208,6 +208,40 @@ def test_the_sampled_meter_counts_repeated_work_once_and_gives_the_exact_peak():
     assert torch.equal(repeated_work(torch.zeros(50, dtype=torch.float64)), results[True])  # no meter: the plain work
 
 
+def kept_work() -> torch.Tensor:
+    """Chunks kept in a list (a CG system's design) inside a closed block, then used and dropped."""
+    from tamrun.memory.sampling import repeating
+
+    data = torch.ones(1000, 50, dtype=torch.float64)
+    total = torch.zeros(50, dtype=torch.float64)
+    with repeating(("products",)):
+        kept = []
+        for start in range(0, 1000, 250):
+            with repeating(("kept", 250), keeps=True):
+                doubled = data[start:start + 250] * 2.0  # 100,000 bytes, dropped
+                kept.append(doubled + 1.0)  # 100,000 bytes, kept
+                del doubled
+        for chunk in kept:
+            total += chunk.sum(dim=0)
+        del kept, chunk
+    return total
+
+
+def test_the_sampled_meter_counts_what_a_repeated_block_keeps_until_the_block_around_it_ends():
+    """Each later chunk is built without the hook: what the first one kept is counted for it, and
+    dropped with the block around them, so that the peak and what comes after stay exact."""
+    from tamrun.memory.meter import TensorMeter
+
+    peaks = {}
+    for sample in (True, False):
+        with TensorMeter(sample=sample) as meter:
+            total = kept_work()
+            after = torch.ones(875, 100, dtype=torch.float64)  # 700,000 bytes: 1,000,400 if the chunks still counted
+        peaks[sample] = meter.peak
+        assert total[0] == 3000.0 and after.shape == (875, 100)
+    assert peaks[True] == peaks[False] == 400_000 + 400 + 3 * 100_000 + 2 * 100_000  # data, total, 3 chunks, the 4th
+
+
 def test_minimal_limit_is_the_boundary_of_what_can_be_planned():
     oracle = MemoryOracle(MemoryConfig(), limit=None, on_gpu=False)
     minimal = oracle.minimal_limit(small_problem())
