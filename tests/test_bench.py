@@ -140,6 +140,24 @@ def test_the_sweep_benchmark_times_both_launchers_and_reports_their_ratio(csv_pa
     assert out.startswith("- cpu: ") and "- load average at start: " in out  # the machine comes with the figures
 
 
+def test_the_whole_commands_time_is_split_into_its_parts(csv_path, capsys):
+    """`python -m tamrun.bench.e2e` on the synthetic data, one run: start-up, data, fit, predict and
+    recording are each a part of the command's wall time, and together all of it (the figures are
+    measured on a quiet machine, never asserted)."""
+    from tamrun.bench.e2e import PARTS, main as e2e_main
+
+    overrides = [item for item in csv_overrides(csv_path) if item != "model=custom"]
+    assert e2e_main(["--models", "custom", "-r", "1", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("- cpu: ") and "- command: `python -m tamrun.bench.e2e --models custom" in out
+    header, row = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [cell.strip() for cell in header[3:3 + len(PARTS)]] == [f"{part} s (share)" for part in PARTS]
+    wall = float(row[2])
+    seconds = [float(cell.split()[0]) for cell in row[3:3 + len(PARTS)]]
+    assert row[:2] == [" custom ", " this "] and all(s > 0 for s in seconds)
+    assert sum(seconds) == pytest.approx(wall, abs=0.05)  # the table rounds each part
+
+
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
 cpu family\t: 26

@@ -59,6 +59,7 @@ class PhaseRecorder:
     snapshots: List[Snapshot] = field(default_factory=list)
     current: str = ""
     started: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)  # the same moment, as a time stamp (the data phase's start)
     meter: Optional[TensorMeter] = None
     planning_baseline: int = -1  # held when the plan was made (-1: not planned yet)
     sample: bool = True
@@ -140,5 +141,8 @@ class PhaseRecorder:
                 f"working_peak_{name}_bytes": rec.working_peak}
 
     def as_dict(self) -> dict:
-        return {"phases": {k: {**asdict(v), "working_peak": v.working_peak} for k, v in self.phases.items()},
+        """The phases, the snapshots and ``started_at`` (when the recorder began: `tamrun.bench.e2e` splits
+        a command's time with it)."""
+        return {"started_at": self.started_at,
+                "phases": {k: {**asdict(v), "working_peak": v.working_peak} for k, v in self.phases.items()},
                 "snapshots": [asdict(s) for s in self.snapshots]}
