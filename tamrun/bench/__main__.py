@@ -27,13 +27,11 @@ import datetime as dt
 import json
 import logging
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tamrun.bench.child import RESULT_PREFIX
+from tamrun.bench.commands import run_child
 from tamrun.bench.machine import machine_info
 from tamrun.bench.report import markdown
 
@@ -58,26 +56,6 @@ def peer_arguments(model: str) -> List[str]:
     return ["--formula", peer_formula(config.data.target, specs), "--data", str(embedded_path()),
             "--date", config.data.date_column, "--group", config.data.group, "--target", config.data.target,
             "--test-start", config.split.test_start, "--test-end", test_end]
-
-
-def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None,
-              cwd: Optional[str] = None) -> dict:
-    """One fresh process (``env``: its environment, default this one's; ``cwd``: its working folder,
-    default this one's); its BENCH_RESULT line, or a timeout / crash record. ``python -m`` puts the
-    working folder first on sys.path, before PYTHONPATH: a baseline checkout's child must run inside
-    that checkout, or the tamrun of the folder the bench was started from shadows it."""
-    began = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "timeout_s": timeout}
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            record = json.loads(line[len(RESULT_PREFIX):])
-            record["wall_seconds"] = time.perf_counter() - began
-            return record
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"status": "error", "error_kind": f"exit {done.returncode}", "error": tail[:300]}
 
 
 def tamrun_record(command: List[str], timeout: float) -> dict:

@@ -1,8 +1,9 @@
-"""The benchmarks that time whole ``python -m tamrun`` commands (`tamrun.bench.e2e`, `bench.meter`,
-`bench.sweeps`): one command in a fresh process, and the report of a measurement over presets."""
+"""The benchmarks' fresh processes: a whole ``python -m tamrun`` command (`tamrun.bench.e2e`, `bench.meter`,
+`bench.sweeps`), a benchmark child (`tamrun.bench.child`), and the report of a measurement over presets."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from tamrun.bench.child import RESULT_PREFIX
 from tamrun.bench.machine import header_lines, machine_info
 
 
@@ -32,6 +34,26 @@ def run_tamrun(label: str, arguments: List[str], workdir: Path, pythonpath: Opti
 def tamrun_seconds(label: str, arguments: List[str], workdir: Path, pythonpath: Optional[str] = None) -> float:
     """Seconds from the start to the exit of ``python -m tamrun <arguments>`` (`run_tamrun`)."""
     return run_tamrun(label, arguments, workdir, pythonpath)[0]
+
+
+def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None,
+              cwd: Optional[str] = None) -> dict:
+    """One fresh process (``env``: its environment, default this one's; ``cwd``: its working folder,
+    default this one's); its BENCH_RESULT line, or a timeout / crash record. ``python -m`` puts the
+    working folder first on sys.path, before PYTHONPATH: a baseline checkout's child must run inside
+    that checkout, or the tamrun of the folder the bench was started from shadows it."""
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "timeout_s": timeout}
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            record = json.loads(line[len(RESULT_PREFIX):])
+            record["wall_seconds"] = time.perf_counter() - began
+            return record
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"status": "error", "error_kind": f"exit {done.returncode}", "error": tail[:300]}
 
 
 def report_presets(prog: str, argv: Optional[List[str]], presets: str, measure: Callable[[str, Path], object],
