@@ -260,6 +260,12 @@ class DeviceManager:
             return int(torch.cuda.memory_reserved(self.device))
         return self.allocated()
 
+    @property
+    def allocator_peaks(self) -> bool:
+        """The device's allocator keeps the peak of its tensor bytes (CUDA): a metered phase reads it
+        instead of running the tensor meter's hook on every operation."""
+        return self.kind == "cuda"
+
     def reset_peak(self) -> None:
         """Start a new peak window (CUDA: peak allocated; Linux CPU: the VmHWM high-water mark)."""
         if self.kind == "cuda":

@@ -25,6 +25,7 @@ from tamrun.effects.design import AdditiveDesign
 from tamrun.errors import DataError
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop
+from tamrun.memory.sampling import repeating
 from tamrun.placement import HOST, to_device
 from tamrun.solve.assembly import row_spans
 
@@ -47,10 +48,13 @@ def predict_rows(design: AdditiveDesign, coef: torch.Tensor, x: torch.Tensor, de
 
     def step(start: int, size: int) -> None:
         groups = slice(start, start + size)
-        for r0, r1 in row_spans(n_rows, rows):
-            chunk = design.chunk(x[groups, r0:r1].to(device), groups)
-            out[groups, r0:r1] = chunk.matvec(coef_dev[groups]).cpu()
-            del chunk
+        with repeating(("predict", size, x.shape[1:], rows, coef_dev.shape[1], x.dtype)):  # chunks of a size alike
+            loop = object()  # names this chunk's row chunks: they allocate alike, the shorter last one less
+            for r0, r1 in row_spans(n_rows, rows):
+                with repeating(("predict rows", loop), r1 - r0):
+                    chunk = design.chunk(x[groups, r0:r1].to(device), groups)
+                    out[groups, r0:r1] = chunk.matvec(coef_dev[groups]).cpu()
+                    del chunk
 
     group_chunk = max(1, group_chunk or n_groups)
     if loop is None:

@@ -163,6 +163,85 @@ def small_problem() -> ProblemSize:
                        row=RowBytes(build=8 * 159, store=8 * 60, gram=0, apply=16))
 
 
+def repeated_work(out: torch.Tensor) -> torch.Tensor:
+    """Row chunks that allocate alike (the last one shorter), each summing into ``out`` in place, with an
+    inner per-row loop whose later rows repeat the first; what the work keeps (its result) outside them."""
+    from tamrun.memory.sampling import repeating, steady
+
+    data = torch.arange(1000 * 50, dtype=torch.float64).reshape(1000, 50)
+    loop = object()
+    for start in range(0, 1000, 300):  # 300, 300, 300, 100 rows
+        rows = data[start:start + 300]
+        with repeating(("chunk", loop), rows.shape[0]):
+            squared = rows * rows  # 120,000 bytes for a full chunk
+            with repeating(("row", rows.shape[1])):
+                for row in squared:
+                    out += row * 2.0  # 400 bytes each
+                    steady()
+            del squared, row  # a block is closed: nothing it made outlives it
+    return out.clone()  # 400 bytes kept
+
+
+def test_the_sampled_meter_counts_repeated_work_once_and_gives_the_exact_peak():
+    """A block metered once stands for the others of its key (and the shorter last chunk): the peak is the
+    one every operation gives, with a fraction of the operations through the hook."""
+    from tamrun.memory.meter import TensorMeter
+
+    class CountingMeter(TensorMeter):
+        """The meter, counting the operations that reach its hook."""
+
+        operations = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.operations += 1
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    peaks, results, operations = {}, {}, {}
+    for sample in (True, False):
+        out = torch.zeros(50, dtype=torch.float64)
+        with CountingMeter(sample=sample) as meter:
+            results[sample] = repeated_work(out)
+        peaks[sample], operations[sample] = meter.peak, meter.operations
+    assert peaks[True] == peaks[False] == 400_000 + 120_000 + 400  # the data, a full chunk, a row
+    assert operations[True] * 20 < operations[False]  # the first chunk's first row, not 1,000 rows
+    assert torch.equal(results[True], results[False])
+    assert torch.equal(repeated_work(torch.zeros(50, dtype=torch.float64)), results[True])  # no meter: the plain work
+
+
+def kept_work() -> torch.Tensor:
+    """Chunks kept in a list (a CG system's design) inside a closed block, then used and dropped."""
+    from tamrun.memory.sampling import repeating
+
+    data = torch.ones(1000, 50, dtype=torch.float64)
+    total = torch.zeros(50, dtype=torch.float64)
+    with repeating(("products",)):
+        kept = []
+        for start in range(0, 1000, 250):
+            with repeating(("kept", 250), keeps=True):
+                doubled = data[start:start + 250] * 2.0  # 100,000 bytes, dropped
+                kept.append(doubled + 1.0)  # 100,000 bytes, kept
+                del doubled
+        for chunk in kept:
+            total += chunk.sum(dim=0)
+        del kept, chunk
+    return total
+
+
+def test_the_sampled_meter_counts_what_a_repeated_block_keeps_until_the_block_around_it_ends():
+    """Each later chunk is built without the hook: what the first one kept is counted for it, and
+    dropped with the block around them, so that the peak and what comes after stay exact."""
+    from tamrun.memory.meter import TensorMeter
+
+    peaks = {}
+    for sample in (True, False):
+        with TensorMeter(sample=sample) as meter:
+            total = kept_work()
+            after = torch.ones(875, 100, dtype=torch.float64)  # 700,000 bytes: 1,000,400 if the chunks still counted
+        peaks[sample] = meter.peak
+        assert total[0] == 3000.0 and after.shape == (875, 100)
+    assert peaks[True] == peaks[False] == 400_000 + 400 + 3 * 100_000 + 2 * 100_000  # data, total, 3 chunks, the 4th
+
+
 def test_minimal_limit_is_the_boundary_of_what_can_be_planned():
     oracle = MemoryOracle(MemoryConfig(), limit=None, on_gpu=False)
     minimal = oracle.minimal_limit(small_problem())

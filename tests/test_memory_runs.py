@@ -36,6 +36,21 @@ def test_a_tenth_of_the_working_peak_is_enough(compose_cfg, overrides):
     assert capped.metrics["rmse_test"] == pytest.approx(free.metrics["rmse_test"], rel=1e-9)
 
 
+@pytest.mark.parametrize("overrides", [("model=fourier",), ("model=spline", "solver=cg"), ("model=forest",),
+                                       ("model=forest", "memory.limit=20MiB"),
+                                       ("model=forest_fourier", "model.effects.forest_toy.left.n_trees=4")],
+                         ids=["fourier", "spline-cg", "forest-cg", "forest-capped", "forest_fourier-4-trees"])
+def test_the_sampled_meter_gives_the_working_peaks_of_every_operation_metered(compose_cfg, overrides):
+    """The meter counts repeated work once (`tamrun.memory.sampling`: the first row chunk, group, chunk of
+    groups and CG iteration of each shape): the solve and predict phases' working peaks are those of
+    every operation metered (memory.meter_sampling=false), to the byte, uncapped and in chunks."""
+    peaks = {}
+    for sampling in ("true", "false"):
+        metrics = run(compose_cfg(*overrides, "hw=cpu", "tracking=none", f"memory.meter_sampling={sampling}")).metrics
+        peaks[sampling] = (metrics["working_peak_solve_bytes"], metrics["working_peak_predict_bytes"])
+    assert peaks["true"] == peaks["false"]
+
+
 # torch's CPU allocator's failure, word for word (c10/core/impl/alloc_cpu.cpp): a plain RuntimeError.
 CPU_ALLOCATOR_FAILURE = ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
                          "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")

@@ -5,6 +5,10 @@
     python -m tamrun.bench --peer-python ... --models forest_fourier,forest_fourier:solver=direct
     python -m tamrun.bench --models fourier,forest --baseline ../old-checkout -r 5   # tamrun old vs new
 
+tamrun's side runs what ``python -m tamrun`` runs with the default settings (its phases, the memory
+meter): its fit column is the command's ``fit=``. The bare fit (`tamrun.pipeline.fit_model` timed
+directly, in a fresh process of its own) is the second column.
+
 A model is a preset, optionally followed by tamrun overrides after colons (``preset:key=value:...``);
 the peer fits the preset's formula, once per preset and repeat, shared by the rows of that preset.
 
@@ -23,13 +27,11 @@ import datetime as dt
 import json
 import logging
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tamrun.bench.child import RESULT_PREFIX
+from tamrun.bench.commands import run_child
 from tamrun.bench.machine import machine_info
 from tamrun.bench.report import markdown
 
@@ -56,24 +58,15 @@ def peer_arguments(model: str) -> List[str]:
             "--test-start", config.split.test_start, "--test-end", test_end]
 
 
-def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None,
-              cwd: Optional[str] = None) -> dict:
-    """One fresh process (``env``: its environment, default this one's; ``cwd``: its working folder,
-    default this one's); its BENCH_RESULT line, or a timeout / crash record. ``python -m`` puts the
-    working folder first on sys.path, before PYTHONPATH: a baseline checkout's child must run inside
-    that checkout, or the tamrun of the folder the bench was started from shadows it."""
-    began = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "timeout_s": timeout}
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            record = json.loads(line[len(RESULT_PREFIX):])
-            record["wall_seconds"] = time.perf_counter() - began
-            return record
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"status": "error", "error_kind": f"exit {done.returncode}", "error": tail[:300]}
+def tamrun_record(command: List[str], timeout: float) -> dict:
+    """tamrun's record: the run's path as ``python -m tamrun`` runs it (its fit: the command's ``fit=``),
+    with the bare fit (`tamrun.pipeline.fit_model` timed directly, in a fresh process of its own) beside it
+    as ``bare_fit_seconds``."""
+    record = run_child(command, timeout)
+    bare = run_child(command + ["--bare"], timeout)
+    if bare.get("status") == "ok":
+        record["bare_fit_seconds"] = bare["fit_seconds"]
+    return record
 
 
 def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -115,9 +108,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             for side in sides:  # interleaved, so that drift hits both sides alike
                 if side in ("tamrun", "baseline"):
                     command = [sys.executable, "-m", "tamrun.bench.child", "--side", "tamrun", "--model", preset]
-                    command += [f"--override={item}" for item in overrides]
-                    record = (run_child(command + common, args.timeout, baseline_env, str(Path(args.baseline).resolve()))
-                              if side == "baseline" else run_child(command + common, args.timeout))
+                    command += [f"--override={item}" for item in overrides] + common
+                    record = (run_child(command, args.timeout, baseline_env, str(Path(args.baseline).resolve()))
+                              if side == "baseline" else tamrun_record(command, args.timeout))
                 elif (preset, repeat) in peer_runs:
                     record = dict(peer_runs[preset, repeat])
                 else:

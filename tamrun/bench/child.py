@@ -7,6 +7,12 @@ this file therefore imports nothing from tamrun at module level).
 Both sides measure the same window: after imports, data loading and the split (the baseline), the
 fit, then the prediction of the test year. Peak memory is the peak RSS above that baseline on the
 CPU (Linux VmHWM, reset at the baseline) and torch.cuda.max_memory_allocated on CUDA.
+
+tamrun's side runs what ``python -m tamrun`` runs, with the default settings: the collector paused
+during the imports (`tamrun.collector`), `prepare` (the data and features phases, the plan), the solve
+phase of `tamrun.jobs.fit` (metered with memory.meter) and a predict phase of the test year; its fit is
+the command's ``fit=`` (the features and solve phases). ``--bare`` times `tamrun.pipeline.fit_model`
+called directly instead (no phases, no meter, no guard's budget): the benchmark's second column.
 """
 
 from __future__ import annotations
@@ -75,15 +81,12 @@ def _timed(fn: Callable[[], object], device: str) -> Tuple[object, float]:
     return out, time.perf_counter() - began
 
 
-def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
+def tamrun_config(args: argparse.Namespace):
+    """tamrun's typed config and effect specs for this run (tracking off, the cap as memory.limit)."""
     from hydra import compose, initialize_config_dir
 
     from tamrun.config.load import config_dir, typed_config
     from tamrun.config.store import register_configs
-    from tamrun.device import DeviceManager
-    from tamrun.memory.guard import ChunkLoop, OomLog, oom_settings
-    from tamrun.memory.tracker import MemoryTracker
-    from tamrun.pipeline import DTYPES, fit_model, load_splits
 
     overrides = [f"model={args.model}", f"hw={args.device}", "tracking=none", f"dtype={args.dtype}", *args.override]
     if args.cap is not None and args.device == "cuda":
@@ -94,7 +97,49 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    config, specs = typed_config(cfg)
+    return typed_config(cfg)
+
+
+def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
+    """The run's path (module docstring); ``--bare``: `run_tamrun_bare`."""
+    if args.bare:
+        return run_tamrun_bare(args, meter)
+    from tamrun.collector import ImportPause
+
+    imports = ImportPause()  # as the entry point: the collector off until the libraries are loaded
+    import torch
+
+    from tamrun.device import DeviceManager
+    from tamrun.evaluate import scored, split_scores
+    from tamrun.jobs.fit import fit_seconds, solve_phase
+    from tamrun.jobs.prepare import prepare
+    from tamrun.pipeline import DTYPES
+
+    config, specs = tamrun_config(args)
+    torch.manual_seed(config.seed)
+    devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
+    with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
+        prepared = prepare(config, specs, devices, libraries_loaded=imports.settle, data_loaded=meter.start)
+        fit = solve_phase(prepared)
+        with prepared.recorder.phase("predict", prepared.metered):
+            predicted = fit.predict(prepared.test, "test")
+    scores = split_scores("test", *scored(prepared.test, predicted))
+    out = {"fit_seconds": fit_seconds(prepared.recorder), "predict_seconds": prepared.recorder.phases["predict"].seconds,
+           "route": fit.plan.route, "width": fit.model.design.width, "setup_seconds": fit.stats.setup_seconds,
+           "solve_seconds": fit.stats.solve_seconds, "rmse": scores["rmse_test"], "mape": scores["mape_test"]}
+    if fit.plan.route == "cg":
+        out.update(cg_iterations=fit.stats.cg_iterations, cg_residual=fit.stats.cg_final_residual)
+    return out
+
+
+def run_tamrun_bare(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
+    """`tamrun.pipeline.fit_model` called directly (no phases, no meter, no budget), then the test year."""
+    from tamrun.device import DeviceManager
+    from tamrun.memory.guard import ChunkLoop, OomLog, oom_settings
+    from tamrun.memory.tracker import MemoryTracker
+    from tamrun.pipeline import DTYPES, fit_model, load_splits
+
+    config, specs = tamrun_config(args)
     devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
     splits = load_splits(config, specs)
     devices.enforce_limit(config.memory.limit_bytes)
@@ -167,6 +212,7 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--test-end", default="2025-01-01")
     parser.add_argument("--peer-max-iter", type=int, default=None)
     parser.add_argument("--override", action="append", default=[], help="a tamrun override (repeatable)")
+    parser.add_argument("--bare", action="store_true", help="tamrun: time fit_model directly (the second column)")
     args = parser.parse_args(argv)
     meter = PeakMeter(args.device)
     try:

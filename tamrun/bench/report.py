@@ -1,7 +1,9 @@
 """Summaries, ratios and the markdown table of a benchmark's records (pure functions: no peer, no GPU).
 
 A record is one run: {model, side, repeat, status: ok|error|timeout, fit_seconds, predict_seconds,
-peak_bytes, rmse, mape, route, cg_iterations?, cg_residual?, error_kind?, error?, timeout_s?}.
+peak_bytes, rmse, mape, route, cg_iterations?, cg_residual?, bare_fit_seconds? (tamrun: the fit timed
+directly, the second column), error_kind?, error?, timeout_s?}. tamrun's fit_seconds is the fit
+``python -m tamrun`` reports (its phases and the memory meter, the default settings).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class SideSummary:
     cg_max_iter: Optional[int]
     setup: Optional[float] = None  # tamrun: median seconds building the system (Gram, kernel, CG operator)
     solve: Optional[float] = None  # tamrun: median seconds solving it (factorisations, CG iterations)
+    bare: Optional[float] = None  # tamrun: median bare fit (fit_model timed directly, without the run's phases)
 
 
 def _outcome(records: List[dict]) -> str:
@@ -79,7 +82,7 @@ def summarise(records: Iterable[dict]) -> List[SideSummary]:
                 peak=Spread.of([r["peak_bytes"] for r in ok]), rmse=median("rmse"), mape=median("mape"),
                 cg_iterations=median("cg_iterations"), cg_residual=median("cg_residual"),
                 cg_max_iter=next((r["cg_max_iter"] for r in ok if r.get("cg_max_iter")), None),
-                setup=median("setup_seconds"), solve=median("solve_seconds")))
+                setup=median("setup_seconds"), solve=median("solve_seconds"), bare=median("bare_fit_seconds")))
     return out
 
 
@@ -124,17 +127,18 @@ def markdown(records: Sequence[dict], header: Dict[str, str]) -> str:
     summaries = summarise(records)
     lines = [f"### {header.get('title', 'tamrun vs peer')}", ""]
     lines += header_lines({key: value for key, value in header.items() if key != "title"})
-    lines += ["", "| model | side | route | fit s median (min–max) | fit: setup + solve s | predict s | "
+    lines += ["", "| model | side | route | fit s median (min–max) | bare fit s | fit: setup + solve s | predict s | "
               "peak MiB above baseline | test RMSE MW | MAPE % | CG iters / final rel. residual | runs |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         cg = "–"
         if s.cg_iterations is not None:
             cap = f" (max_iter capped at {s.cg_max_iter})" if s.side == "peer" and s.cg_max_iter else ""
             cg = f"{s.cg_iterations:.0f} / {_num(s.cg_residual, '.1e')}{cap}"
         parts = "–" if s.setup is None else f"{s.setup:.2f} + {s.solve:.2f}"
-        lines.append(f"| {s.model} | {s.side} | {s.route or '–'} | {_spread(s.fit)} | {parts} | {_spread(s.predict)} | "
-                     f"{_spread(s.peak, MIB, 0)} | {_num(s.rmse, '.1f')} | {_num(s.mape, '.3f')} | {cg} | {s.outcome} |")
+        lines.append(f"| {s.model} | {s.side} | {s.route or '–'} | {_spread(s.fit)} | {_num(s.bare, '.2f')} | {parts} | "
+                     f"{_spread(s.predict)} | {_spread(s.peak, MIB, 0)} | {_num(s.rmse, '.1f')} | {_num(s.mape, '.3f')} | "
+                     f"{cg} | {s.outcome} |")
     for other in [side for side in SIDES[1:] if any(s.side == side for s in summaries)]:
         lines += ["", f"| model | fit speed-up ({other} / tamrun) | peak memory ratio ({other} / tamrun) | "
                   f"RMSE tamrun − {other} (MW) |", "|---|---|---|---|"]

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tamrun.bench.e2e import tamrun_seconds
+from tamrun.bench.commands import tamrun_seconds
 from tamrun.bench.machine import header_lines, machine_info
 
 FOREST_SWEEP = ["model=forest", "model.effects.trend.ap=-5,-5.5,-6,-6.5"]

@@ -324,8 +324,13 @@ class MemoryConfig:
     # below that it holds fewer groups (the chunk selector, tamrun/memory/footprint.py). A CG chunk
     # never holds fewer rows (each product goes over every chunk): below it the plan refuses.
     min_chunk_rows: int = 1024
-    # Count the exact tensor bytes of the solve and predict phases (their working peak).
+    # Count the exact tensor bytes of the solve and predict phases (their working peak); on CUDA the
+    # allocator's peak above each phase's start (no per-operation hook).
     meter: bool = True
+    # The meter counts repeated work once (the first row chunk, group, chunk of groups and CG
+    # iteration of each shape: tamrun/memory/sampling.py), at a few per cent of the fit; false: every
+    # operation (the check of the sampled figures, up to half the fit's time again).
+    meter_sampling: bool = True
     # The OOM guard; the environment variables OOM_MAX_RETRIES / OOM_SIZE_FACTOR / OOM_DELAY_MS /
     # OOM_VERBOSE override these fields.
     oom: OomConfig = field(default_factory=OomConfig)

@@ -18,6 +18,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from tamrun.effects.indexed import IndexedBlock
+from tamrun.memory.sampling import repeating, steady
 
 
 def jittered_factor(matrix: torch.Tensor, jitter: float) -> torch.Tensor:
@@ -29,9 +30,12 @@ def jittered_factor(matrix: torch.Tensor, jitter: float) -> torch.Tensor:
 def add_gram_(out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group, each into a
     fresh (64-byte aligned) tensor, then added: MKL's GEMM rounds differently with the alignment of
-    its output, and out[g]'s alignment depends on the group's place in the chunk."""
-    for group in range(dense.shape[0]):
-        out[group] += dense[group].mT @ dense[group]
+    its output, and out[g]'s alignment depends on the group's place in the chunk. The groups repeat
+    the first one's allocations (`tamrun.memory.sampling`)."""
+    with repeating(("gram", dense.shape, dense.dtype)):
+        for group in range(dense.shape[0]):
+            out[group] += dense[group].mT @ dense[group]
+            steady()
     return out
 
 
@@ -40,6 +44,12 @@ class DesignChunk:
     dense: torch.Tensor  # (g, n, Dd)
     indexed: List[Tuple[int, IndexedBlock]]  # (first column, block)
     width: int
+
+    def prepare(self) -> "DesignChunk":
+        """The chunk with what its products would build at their first call built now (`IndexedBlock.prepare`)."""
+        for _, block in self.indexed:
+            block.prepare(self.dense.dtype)
+        return self
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """Phi v: (g, D) -> (g, n)."""

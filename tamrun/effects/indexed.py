@@ -90,6 +90,15 @@ class IndexedBlock:
             self.factor = None
         return self._values
 
+    def prepare(self, dtype: torch.dtype) -> None:
+        """Build now what the products build at their first call (the row values; the indicators, which
+        products in ``dtype`` use unless torch's deterministic algorithms are on): a block kept between
+        products then holds all of it from the start (`tamrun.memory.sampling`: a product allocates only
+        its temporaries)."""
+        self.row_values()
+        if not torch.are_deterministic_algorithms_enabled():
+            self.indicators(dtype)
+
     def indicators(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
         """O (g n, g R) and O' (g R, g n) as CSR matrices with one shared tensor of ones as values."""
         if self._indicator is None or self._indicator.dtype != dtype:

@@ -19,6 +19,7 @@ from tamrun.evaluate import predictions_table, require_finite, require_plausible
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
+from tamrun.memory.profiler import PhaseRecorder
 from tamrun.numbers import significant
 from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve
 from tamrun.progress import ChunkProgress, IterationProgress
@@ -41,12 +42,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     something uses it (the recorded CSV and plots, `RunResult.predictions`): the metrics come from the
     predictions themselves."""
     config, recorder, metered = prepared.config, prepared.recorder, prepared.metered
-    loop = prepared.chunk_loop(ChunkProgress(config.progress.value))
-    iterations = IterationProgress(config.progress.value)
-    with recorder.phase("solve", metered):
-        fit = solve(config, prepared.features, prepared.plan, prepared.devices, loop, prepared.splits.recipe,
-                    iterations)
-    iterations.close()
+    fit = solve_phase(prepared)
     with recorder.phase("predict", metered):
         splits = predict_splits(prepared, fit)
     with recorder.phase("evaluate"):
@@ -68,6 +64,24 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics.update(after)
     return RunResult(run_id=None, route=fit.plan.route, width=fit.model.design.width, groups=fit.model.groups,
                      coef=fit.model.coef, metrics=metrics, table=table, plan=fit.plan, stats=fit.stats)
+
+
+def solve_phase(prepared: Prepared) -> Fit:
+    """The fit along the plan, as the solve phase of a run (metered with memory.meter, its chunks and CG
+    iterations reported by the run's progress)."""
+    config = prepared.config
+    loop = prepared.chunk_loop(ChunkProgress(config.progress.value))
+    iterations = IterationProgress(config.progress.value)
+    with prepared.recorder.phase("solve", prepared.metered):
+        fit = solve(config, prepared.features, prepared.plan, prepared.devices, loop, prepared.splits.recipe,
+                    iterations)
+    iterations.close()
+    return fit
+
+
+def fit_seconds(recorder: PhaseRecorder) -> float:
+    """A run's fit: its features and solve phases (the ``fit=`` of its log line, metric fit_seconds)."""
+    return recorder.phases["features"].seconds + recorder.phases["solve"].seconds
 
 
 def predict_splits(prepared: Prepared, fit: Fit) -> List[ScoredSplit]:
@@ -93,7 +107,7 @@ def run_metrics(prepared: Prepared, fit: Fit) -> Dict[str, float]:
     recorder, plan, stats = prepared.recorder, fit.plan, fit.stats
     metrics = dict(recorder.metrics())
     metrics.update({
-        "fit_seconds": recorder.phases["features"].seconds + recorder.phases["solve"].seconds,
+        "fit_seconds": fit_seconds(recorder),
         "predicted_peak_bytes": plan.predicted_peak, "minimal_limit_bytes": plan.minimal_limit,
         "tracker_peak_bytes": prepared.tracker.peak, "oom_retries": prepared.oom_log.retries,
         "chunk_groups": stats.group_chunk, "chunk_rows": plan.fit.rows,

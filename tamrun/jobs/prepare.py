@@ -71,23 +71,27 @@ def import_recording_libraries(config: Config) -> None:
 
 
 def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitting: bool = True,
-            libraries_loaded: Optional[Callable[[], None]] = None) -> Prepared:
+            libraries_loaded: Optional[Callable[[], None]] = None,
+            data_loaded: Optional[Callable[[], None]] = None) -> Prepared:
     """The data and features phases and the plan. ``fitting``: a fit and its recording follow (False for
     ``mode=plan``): the tensor meter is warmed up first, so that its one-time cost is not charged to the
     first metered phase, and recording's libraries are imported (`import_recording_libraries`), both
-    before the planning baseline is taken; then ``libraries_loaded`` is called."""
+    before the planning baseline is taken; then ``libraries_loaded`` is called. ``data_loaded`` is
+    called after the data phase (the benchmark's baseline, `tamrun.bench.child`)."""
     if fitting:
         import_recording_libraries(config)
-    metered = config.memory.meter and (TensorMeter.warm_up() if fitting else True)
+    metered = config.memory.meter and (TensorMeter.warm_up() if fitting and not devices.allocator_peaks else True)
     if libraries_loaded is not None:
         libraries_loaded()
     limit = config.memory.limit_bytes
     devices.enforce_limit(limit)
     room = HostRoomWatch(config.memory.safety_margin_bytes)
     room("loading the data")
-    recorder = PhaseRecorder(devices)
+    recorder = PhaseRecorder(devices, sample=config.memory.meter_sampling)
     with recorder.phase("data"):
         splits = load_splits(config, specs, room)
+    if data_loaded is not None:
+        data_loaded()
     room("building the features", "batch", frame_bytes(splits.train))
     with recorder.phase("features"):
         features = build_features(config, specs, splits.train, room)

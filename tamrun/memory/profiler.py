@@ -2,8 +2,11 @@
 
 A phase records its wall time, the memory held when it began and the peak reached during it (peak
 RSS on the CPU via the Linux high-water mark, reset at the phase start; max_memory_allocated on
-CUDA), and, when metered, the exact peak of the tensor bytes it created (`TensorMeter`): its
-working peak. Snapshots (time, phase, label, allocated, reserved, free) feed the memory timeline.
+CUDA), and, when metered, the peak of the tensor bytes it created: its working peak. The tensor
+meter counts it (`TensorMeter`, repeated work counted once: `tamrun.memory.sampling`), except on a
+device whose allocator keeps its own peak (CUDA), where it is the allocator's peak above the phase's
+start and no operation goes through Python. Snapshots (time, phase, label, allocated, reserved,
+free) feed the memory timeline.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class Snapshot:
     allocated: int
     reserved: int
     free: int
-    working: int = -1  # peak tensor bytes since the previous snapshot (metered phases), else -1
+    working: int = -1  # peak tensor bytes since the previous snapshot (metered phases; CUDA: since the phase began)
 
     @property
     def utilisation(self) -> float:
@@ -48,16 +51,20 @@ class Snapshot:
 
 @dataclass
 class PhaseRecorder:
-    """``with recorder.phase("solve"): ...`` records a phase; ``recorder.snapshot(label)`` a point."""
+    """``with recorder.phase("solve"): ...`` records a phase; ``recorder.snapshot(label)`` a point.
+    ``sample``: the tensor meter counts repeated work once (memory.meter_sampling)."""
 
     devices: DeviceManager
     phases: Dict[str, PhaseRecord] = field(default_factory=dict)
     snapshots: List[Snapshot] = field(default_factory=list)
     current: str = ""
     started: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)  # the same moment, as a time stamp (the data phase's start)
     meter: Optional[TensorMeter] = None
     planning_baseline: int = -1  # held when the plan was made (-1: not planned yet)
+    sample: bool = True
     _phase_peak: int = 0
+    _allocator_start: int = -1  # a phase metered by the allocator's peak (CUDA): the bytes held as it began
 
     def snapshot(self, label: str) -> None:
         view = self.devices.memory()
@@ -66,18 +73,23 @@ class PhaseRecorder:
             working = self.meter.peak
             self._phase_peak = max(self._phase_peak, working)
             self.meter.reset_peak()
+        elif self._allocator_start >= 0:  # the allocator's peak since the phase began
+            working = max(0, self.devices.peak() - self._allocator_start)
         self.snapshots.append(Snapshot(time.perf_counter() - self.started, self.current, label,
                                        self.devices.allocated(), self.devices.reserved(), view.free, working))
 
     @contextmanager
     def phase(self, name: str, metered: bool = False) -> Iterator[None]:
-        """Record a phase; ``metered`` also counts the tensor bytes it creates (`TensorMeter`)."""
+        """Record a phase; ``metered`` also measures the tensor bytes it creates (`TensorMeter`, or the
+        allocator's peak where it keeps one)."""
         self.devices.synchronize()
         self.devices.reset_peak()
         self.current = name
         start_bytes = self.devices.allocated()
         self.snapshot("begin")
-        meter = self.meter = TensorMeter() if metered else None
+        by_allocator = metered and self.devices.allocator_peaks
+        meter = self.meter = TensorMeter(self.sample) if metered and not by_allocator else None
+        self._allocator_start = start_bytes if by_allocator else -1
         self._phase_peak = 0
         began = time.perf_counter()
         try:
@@ -88,10 +100,12 @@ class PhaseRecorder:
                     yield
         finally:
             self.devices.synchronize()
-            self.phases[name] = PhaseRecord(time.perf_counter() - began, start_bytes, self.devices.peak(),
-                                            max(meter.peak, self._phase_peak) if meter is not None else -1)
+            peak = self.devices.peak()
+            tensor_peak = max(meter.peak, self._phase_peak) if meter is not None else -1
+            self.phases[name] = PhaseRecord(time.perf_counter() - began, start_bytes, peak,
+                                            max(0, peak - start_bytes) if by_allocator else tensor_peak)
             self.snapshot("end")
-            self.meter = None
+            self.meter, self._allocator_start = None, -1
 
     def mark_planning(self) -> None:
         """Record what the process holds as the plan is made: the baseline the plan's budget lies above."""
@@ -127,5 +141,8 @@ class PhaseRecorder:
                 f"working_peak_{name}_bytes": rec.working_peak}
 
     def as_dict(self) -> dict:
-        return {"phases": {k: {**asdict(v), "working_peak": v.working_peak} for k, v in self.phases.items()},
+        """The phases, the snapshots and ``started_at`` (when the recorder began: `tamrun.bench.e2e` splits
+        a command's time with it)."""
+        return {"started_at": self.started_at,
+                "phases": {k: {**asdict(v), "working_peak": v.working_peak} for k, v in self.phases.items()},
                 "snapshots": [asdict(s) for s in self.snapshots]}

@@ -61,8 +61,8 @@ def report_text(report: dict, plan: Plan) -> str:
     for name, phase in report["phases"].items():
         lines.append(f"{name:<10} {phase['seconds']:>9.3f} {format_size(phase['start_bytes']):>14} "
                      f"{format_size(phase['peak_bytes']):>12} {format_size(phase['working_peak']):>13}")
-    lines.append("(working peak: the tensor bytes a metered phase created, for solve and predict; the peak "
-                 "above the phase's start for the others)")
+    lines.append("(working peak: the tensor bytes a metered phase created, for solve and predict (on CUDA the "
+                 "allocator's peak above the phase's start); the peak above the phase's start for the others)")
     lines += ["", f"predicted working peak {format_size(report['predicted_peak'])}; measured "
               f"{format_size(report['measured_working_peak'])}; tracker peak {format_size(report['tracker_peak'])}"
               + (f"; memory.limit {format_size(report['limit'])}" if report["limit"] else ""), ""]

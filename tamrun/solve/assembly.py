@@ -22,6 +22,7 @@ from tamrun.config.schema import SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, add_gram_
 from tamrun.effects.design import AdditiveDesign
+from tamrun.memory.sampling import repeating
 from tamrun.solve.coarse import CoarseCorrection, accumulate_sources, coarse_correction
 from tamrun.solve.direct import cholesky_solve
 from tamrun.solve.preconditioners import Preconditioner, grid_block_inverses, preconditioner
@@ -55,14 +56,16 @@ def normal_equations(design: AdditiveDesign, batch: GroupedBatch, groups: slice,
     dtype = batch.x.dtype
     gram = torch.zeros(g, dim, dim, dtype=dtype, device=device)
     rhs = torch.zeros(g, dim, dtype=dtype, device=device)
+    loop = object()  # names this loop's row chunks: they allocate alike, the shorter last one less
     for r0, r1 in row_spans(batch.x.shape[1], row_chunk):
-        chunk, y = design_chunk(design, batch, groups, slice(r0, r1), device)
-        if chunk.indexed:
-            gram += chunk.gram()
-        else:  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
-            add_gram_(gram, chunk.dense)
-        rhs += chunk.rmatvec(y)
-        del chunk, y
+        with repeating(("normal equations", loop), r1 - r0):
+            chunk, y = design_chunk(design, batch, groups, slice(r0, r1), device)
+            if chunk.indexed:
+                gram += chunk.gram()
+            else:  # weights are 0/1, so (W Phi)'(W Phi) = Phi' W Phi
+                add_gram_(gram, chunk.dense)
+            rhs += chunk.rmatvec(y)
+            del chunk, y
     return gram, rhs
 
 
@@ -105,8 +108,16 @@ class CgSystem:
         self.cached: Optional[List[DesignChunk]] = None
         self.coarse: Optional[CoarseCorrection] = None  # two_level's correction (set by _assemble)
         if cache:
-            self.cached = [design_chunk(design, batch, groups, rows, device)[0] for rows in self.spans]
+            self.cached = []
+            for rows in self.spans:  # chunks of a size keep alike (`tamrun.memory.sampling`)
+                with repeating(("kept chunk", self.n.shape[0], rows.stop - rows.start, design.width, batch.x.dtype),
+                               keeps=True):
+                    self.cached.append(self.chunk(rows))
         self.rhs, self.preconditioner = self._assemble()
+
+    def chunk(self, rows: slice) -> DesignChunk:
+        """W Phi of ``rows``, prepared for the products (`DesignChunk.prepare`)."""
+        return design_chunk(self.design, self.batch, self.groups, rows, self.device)[0].prepare()
 
     def chunks(self) -> Iterator[DesignChunk]:
         """W Phi chunk by chunk: the kept chunks, or each one rebuilt."""
@@ -114,13 +125,14 @@ class CgSystem:
             yield from self.cached
         else:
             for rows in self.spans:
-                yield design_chunk(self.design, self.batch, self.groups, rows, self.device)[0]
+                yield self.chunk(rows)
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """A v for v (g, D)."""
         acc = torch.zeros_like(v)
-        for chunk in self.chunks():
-            acc += chunk.rmatvec(chunk.matvec(v))
+        for rows, chunk in zip(self.spans, self.chunks()):
+            with repeating(("product", v.shape, rows.stop - rows.start, v.dtype)):  # the chunks of a size alike
+                acc += chunk.rmatvec(chunk.matvec(v))
         return acc / self.n + self.penalty.matvec(v) + self.solver.jitter * v
 
     def _assemble(self) -> Tuple[torch.Tensor, Optional[Preconditioner]]:
@@ -135,16 +147,19 @@ class CgSystem:
         two_level = solver.preconditioner.value == "two_level" and bool(self.design.indexed_effects)
         grid_grams: Optional[List[torch.Tensor]] = None
         sources: Optional[torch.Tensor] = None  # two_level: Phi' U_s (g, S, D) (solve/coarse.py)
-        for rows, chunk in zip(self.spans, self.chunks()):
-            y = (batch.y[groups, rows] * batch.weight[groups, rows]).to(self.device)
-            rhs += chunk.rmatvec(y)
-            diag += chunk.squared_column_sums()
-            if dd:
-                add_gram_(dense_gram, chunk.dense)
-            if blocked:
-                grid_grams = accumulate(grid_grams, chunk.grid_grams())
-            if two_level:
-                sources = accumulate_sources(sources, chunk)
+        loop = object()  # names this pass's row chunks: after the first (which makes the totals) they
+        for index, (rows, chunk) in enumerate(zip(self.spans, self.chunks())):  # allocate alike
+            with repeating(("assembly", loop, index == 0), rows.stop - rows.start):
+                y = (batch.y[groups, rows] * batch.weight[groups, rows]).to(self.device)
+                rhs += chunk.rmatvec(y)
+                diag += chunk.squared_column_sums()
+                if dd:
+                    add_gram_(dense_gram, chunk.dense)
+                if blocked:
+                    grid_grams = accumulate(grid_grams, chunk.grid_grams())
+                if two_level:
+                    sources = accumulate_sources(sources, chunk)
+                del y
         rhs /= n
         diag = diag / n + self.penalty.diagonal() + solver.jitter
         dense_block = dense_gram / n.unsqueeze(-1) + self.penalty.leading(dd)

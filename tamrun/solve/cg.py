@@ -12,6 +12,8 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from tamrun.memory.sampling import steady
+
 log = logging.getLogger(__name__)
 
 # Default relative-residual tolerance per dtype (solver.tol=null).
@@ -96,6 +98,8 @@ def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.
         beta = torch.where(active, rz_new / torch.where(rz != 0, rz, torch.ones_like(rz)), torch.zeros_like(rz))
         p = z + beta.unsqueeze(-1) * p
         rz = rz_new
+        if step == 0:
+            steady()  # the later iterations allocate as the first did (`tamrun.memory.sampling`)
     on_iteration(CgProgress(len(history) - 1, worst, tol, done, groups, final=True))
     if done < groups:
         log.warning("CG stopped after solver.max_iter=%d iterations with %d of %d group(s) unconverged "

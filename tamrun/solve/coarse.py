@@ -44,6 +44,7 @@ import torch
 
 from tamrun.effects.chunk import BlockPenalty, DesignChunk
 from tamrun.effects.indexed import IndexedBlock
+from tamrun.memory.sampling import repeating, steady
 from tamrun.solve.preconditioners import Preconditioner, per_group_inverse
 
 log = logging.getLogger(__name__)
@@ -124,9 +125,11 @@ def coarse_penalty(space: CoarseSpace, chunk: DesignChunk, penalty: BlockPenalty
     grid_penalties = [b for b in penalty.blocks if b.grid]
     for (_, block), pen in zip(chunk.indexed, grid_penalties):
         q, per_slot = block.q, slot_rows(block)
-        for _ in range(block.n_rows_grid // per_slot):
-            out[start:start + q, start:start + q] = per_slot * pen.matrix
-            start += q
+        with repeating(("coarse penalty", pen.matrix.shape, pen.matrix.dtype)):
+            for _ in range(block.n_rows_grid // per_slot):
+                out[start:start + q, start:start + q] = per_slot * pen.matrix
+                start += q
+                steady()  # the other slots allocate as the first did
     return out
 
 
@@ -138,12 +141,17 @@ def per_group_products(matrices: List[torch.Tensor], vectors: torch.Tensor) -> t
     product per group (a batched product takes another path for a chunk of one group), each vector
     copied to a row of a padded buffer whose rows all start 64-byte aligned, so that a group's
     rounding does not depend on its place in the chunk (MKL's kernels round by their operands'
-    alignment)."""
+    alignment); each product into a fresh tensor, copied into its row of the result."""
     g, p = vectors.shape
     step = ALIGN_BYTES // vectors.element_size()
     padded = vectors.new_empty(g, -(-p // step) * step)
     padded[:, :p] = vectors
-    return torch.stack([matrix @ padded[i, :p] for i, matrix in enumerate(matrices)])
+    out = vectors.new_empty(g, matrices[0].shape[0])
+    with repeating(("per-group products", matrices[0].shape, vectors.shape, vectors.dtype)):
+        for i, matrix in enumerate(matrices):
+            out[i] = matrix @ padded[i, :p]
+            steady()  # the other groups allocate as the first did (`tamrun.memory.sampling`)
+    return out
 
 
 class CoarseCorrection:

@@ -23,6 +23,7 @@ from tamrun.effects.chunk import BlockPenalty
 from tamrun.effects.design import AdditiveDesign
 from tamrun.memory.guard import ChunkLoop
 from tamrun.memory.oracle import Plan
+from tamrun.memory.sampling import repeating
 from tamrun.solve.assembly import CgSystem, normal_equations, solve_normal_equations, system_scale
 from tamrun.solve.cg import DEFAULT_TOL, CgCallback, CgProgress, conjugate_gradient, no_cg_progress
 from tamrun.solve.dual import fit_dual
@@ -61,13 +62,20 @@ class Dispatcher:
 
         def step(start: int, size: int) -> None:
             groups = slice(start, start + size)
-            beta, report = route(batch, groups, penalty)
-            coef[groups] = beta.cpu()
+            with repeating(self.chunk_key(batch, start, size)):
+                beta, report = route(batch, groups, penalty)
+                coef[groups] = beta.cpu()
             stats.merge(report)
 
         stats.group_chunk = self.loop.run(step, len(batch.groups), plan.fit.groups, self.phase, plan.fit_cost,
                                           rows=plan.fit.rows)
         return coef, stats
+
+    def chunk_key(self, batch: GroupedBatch, start: int, size: int) -> tuple:
+        """What fixes a chunk's allocations (`tamrun.memory.sampling`): its route, groups, rows and
+        width. The dual route's leaf pairs depend on the data: each of its chunks is a key of its own."""
+        key = (self.phase, size, tuple(batch.x.shape[1:]), self.design.width, batch.x.dtype)
+        return (*key, start) if self.plan.route == "direct" and self.plan.dual else key
 
     @property
     def phase(self) -> str:
