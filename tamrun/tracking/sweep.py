@@ -152,10 +152,14 @@ class SweepCallback(Callback):
             raise Abort(error) from error
 
     def start_sweep(self, config: DictConfig) -> None:
-        """Refuse a missing plugin (before Hydra instantiates it: its error would come with a traceback),
-        open the parent run, write the sweep file."""
+        """Refuse a missing plugin (before Hydra instantiates it: its error would come with a traceback) and
+        a Ray sweep that cannot run (`tamrun.ray_start.prepare`), open the parent run, write the sweep file."""
         check_plugins(config.hydra)
         launcher = str(config.hydra.launcher.get("_target_", ""))
+        if launcher.endswith("RayClusterLauncher"):
+            from tamrun.ray_start import prepare
+
+            prepare(config)
         settings = tracking_settings(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
