@@ -41,6 +41,10 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun:  # the parent's summary lists every job that started, whatever becomes of it
+        from tamrun.tracking.sweep_files import mark_started
+
+        mark_started(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides)
     tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
     name = sweep_run_name(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides, cfg) if multirun else None
     try:
@@ -70,7 +74,7 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
     from tamrun.errors import TamrunError, error_kind, internal_error_line
     from tamrun.joblog import log_internal_error
     from tamrun.outcome import job_places, named
-    from tamrun.tracking.sweep import record_failed_job
+    from tamrun.tracking.sweep import hold_open_run, record_failed_job
     from tamrun.tracking.sweep_failures import job_failure
 
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -88,7 +92,9 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
     if not multirun:
         sys.exit(1 if internal else 2)
     if getattr(error, "run_id", None) is None:  # refused before its run started: a FAILED run of its own
-        record_failed_job(cfg, tags, error, name)
+        record_failed_job(cfg, tags, error, name, sweep_dir=hydra_cfg.sweep.dir)
+    elif getattr(error, "run_open", False):  # the store went away during the run: its end held until it is back
+        hold_open_run(hydra_cfg.sweep.dir, tags, error, name)
     return job_failure(hydra_cfg.job.num, "FAILED", error_kind(error), type(error).__name__)
 
 

@@ -228,7 +228,8 @@ def test_a_lost_sweep_job_keeps_the_launchers_reason_whoever_closes_its_run_firs
     from tamrun.tracking.lost_jobs import record_lost_job
     from tamrun.tracking.stale import PID, REASON, STARTED, close_stale_runs, process_tags
     from tamrun.tracking.store import open_client
-    from tamrun.tracking.sweep import SWEEP_FILE, SWEEP_ID_TAG, SWEEP_JOB_TAG
+    from tamrun.tracking.sweep_files import SWEEP_FILE
+    from tamrun.tracking.sweep_summary import SWEEP_ID_TAG, SWEEP_JOB_TAG
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = open_client(store, 30.0, 30.0)

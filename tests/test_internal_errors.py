@@ -184,6 +184,49 @@ def test_a_tamrun_error_crosses_processes_whole(error):
     assert pickle.loads(pickle.dumps(error("f", "v", "p", "x"))).run_id is None
 
 
+def tamrun_exceptions() -> dict:
+    """Every exception class the package defines: dotted name -> class (each module imported)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import tamrun
+
+    found = {}
+    for module in pkgutil.walk_packages(tamrun.__path__, "tamrun."):
+        for name, value in vars(importlib.import_module(module.name)).items():
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.name:
+                found[f"{module.name}.{name}"] = value
+    return found
+
+
+def test_every_tamrun_exception_pickles_to_the_same_error():
+    """Every exception class of the package, found by walking its modules (a new one must be added here with
+    its arguments), pickles and unpickles to the same class, message and attributes: a sweep job's error
+    crosses joblib's, submitit's and Ray's process boundaries whole (before, `Terminated` unpickled as
+    ``Terminated("received SIGTERM")`` and failed in its own __init__)."""
+    import signal
+
+    from tamrun.errors import Abort
+    from tamrun.memory.tracker import BudgetExceeded
+    from tamrun.placement import PlacementError
+    from tamrun.tracking.signals import Terminated
+
+    fields = ("model.effects.toy.m", -2, "must be at least 1", "set model.effects.toy.m=8")
+    samples = {error: error(*fields) for error in (ConfigError, DataError, DeviceError, MemoryBudgetError,
+                                                  NumericalError, FilesystemError, TamrunError)}
+    samples.update({Terminated: Terminated(signal.SIGTERM), BudgetExceeded: BudgetExceeded("2 GiB over the budget"),
+                    PlacementError: PlacementError("mixed devices"), Abort: Abort(ConfigError(*fields))})
+    assert set(tamrun_exceptions().values()) == set(samples), "an exception class without a sample here"
+    for kind, original in samples.items():
+        original.run_open = True  # an attribute a job sets on its error (tamrun.tracking.mlflow_run)
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is kind and str(copy) == str(original) and repr(copy.args) == repr(original.args), kind
+        assert copy.run_open is True, kind
+    assert pickle.loads(pickle.dumps(samples[Terminated])).signum == signal.SIGTERM
+    assert str(pickle.loads(pickle.dumps(samples[Abort])).error) == str(samples[Abort].error)
+
+
 def test_error_kinds_reasons_and_exit_codes():
     assert error_kind(DataError("y", 1, "p", "f")) == "data" and error_kind(RuntimeError()) == "internal"
     assert error_kind(KeyboardInterrupt()) == "interrupted"

@@ -14,6 +14,7 @@ Skipped, saying why, without the PostgreSQL binaries (apt-get install postgresql
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -141,11 +142,12 @@ def wait_finished(uri: str, experiment: str, count: int, timeout: float) -> None
 
 def test_a_server_killed_mid_sweep_fails_the_jobs_cleanly(postgres, tmp_path, csv_path):
     """Four jobs one after the other; the server is SIGKILLed once the first run is FINISHED. The sweep
-    exits 2 with a message naming tracking.uri; on the server's return every job run is either FINISHED
-    and complete, or not FINISHED and closed by the next run (none stays RUNNING), and a new job runs."""
+    exits 2 with a message naming tracking.uri; on the server's return a new sweep writes what the first
+    one held: every job has a run, FINISHED and complete or FAILED, none stays RUNNING."""
     down = MlflowServer(postgres, tmp_path / "artifacts", tmp_path / "server.log").start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_", "MLFLOW_"))}
-    env.update(MLFLOW_TRACKING_URI=down.uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="1", MLFLOW_HTTP_REQUEST_TIMEOUT="10")
+    env.update(MLFLOW_TRACKING_URI=down.uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="1", MLFLOW_HTTP_REQUEST_TIMEOUT="10",
+               XDG_STATE_HOME=str(tmp_path / "state"))  # the spool of held sweeps (tracking.held_dir)
     sweep = subprocess.Popen([sys.executable, "-m", "tamrun", "-m", *csv_overrides(csv_path), *SWEEP[1:],
                               "model.effects.sx.k=6,7,8,9", "tracking=server", "tracking.experiment=down",
                               f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path, env=env, text=True,
@@ -158,7 +160,8 @@ def test_a_server_killed_mid_sweep_fails_the_jobs_cleanly(postgres, tmp_path, cs
     back.port, back.uri = down.port, down.uri
     back.start()
     try:
-        done, _ = tamrun_sweep(tmp_path / "again", {"MLFLOW_TRACKING_URI": back.uri},
+        done, _ = tamrun_sweep(tmp_path / "again", {"MLFLOW_TRACKING_URI": back.uri,
+                                                    "XDG_STATE_HOME": str(tmp_path / "state")},
                                [*csv_overrides(csv_path), *SWEEP[1:], "model.effects.sx.k=10", "tracking=server",
                                 "tracking.experiment=down"])
         assert done.returncode == 0, done.stderr[-5000:]
@@ -166,6 +169,8 @@ def test_a_server_killed_mid_sweep_fails_the_jobs_cleanly(postgres, tmp_path, cs
     finally:
         back.stop()
     assert "RUNNING" not in {r.info.status for r in jobs + parents}, [(r.info.run_name, r.info.status) for r in jobs]
+    first = json.loads((tmp_path / "sweep" / "tamrun_sweep.json").read_text())["sweep_id"]
+    assert sorted(r.data.tags["sweep_job"] for r in jobs if r.data.tags["sweep_id"] == first) == ["0", "1", "2", "3"]
     for run in jobs:
         if run.info.status == "FINISHED":  # complete: its config, metrics and log all written
             assert run.data.params["model.effects.sx.k"] and "rmse_test" in run.data.metrics

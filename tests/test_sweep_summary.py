@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tamrun.tracking.plots import sweep_objective_figure, sweep_objective_panels
-from tamrun.tracking.sweep import close_sweep
+from tamrun.tracking.sweep_summary import close_sweep
 from tamrun.tracking.sweep_names import MAX_RUN_NAME, job_run_name, job_values, swept_keys, value_tags
 
 GROUPS = ["model", "data", "hw", "solver"]
@@ -114,7 +114,7 @@ def test_with_a_validation_split_the_best_job_is_the_least_validation_rmse_of_th
 def test_without_a_validation_split_no_best_is_crowned_on_the_test_year(tmp_path, caplog):
     jobs = [(status, {n: v for n, v in metrics.items() if n == "rmse_test"}, k) for status, metrics, k in JOBS]
     client, info, _ = recorded_sweep(tmp_path, jobs, "rmse_test", asked=False)
-    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep")
+    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep_summary")
     table = close_sweep(info)
     parent = client.get_run(info["parent_run_id"])
     assert not any(key.startswith("best") for key in [*parent.data.tags, *parent.data.metrics])
@@ -127,7 +127,7 @@ def test_without_a_validation_split_no_best_is_crowned_on_the_test_year(tmp_path
 
 def test_a_test_metric_asked_for_is_crowned_as_such_with_a_warning(tmp_path, caplog):
     client, info, children = recorded_sweep(tmp_path, JOBS, "rmse_test", asked=True)
-    caplog.set_level(logging.WARNING, logger="tamrun.tracking.sweep")
+    caplog.set_level(logging.WARNING, logger="tamrun.tracking.sweep_summary")
     close_sweep(info)
     parent = client.get_run(info["parent_run_id"]).data
     assert parent.tags["best_on_test_run_id"] == children[0] and parent.metrics["best_on_test_rmse_test"] == 1.0

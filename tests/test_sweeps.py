@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tamrun.config.load import config_dir
 from tamrun.config.store import register_configs
-from tamrun.tracking.sweep import SWEEP_FILE
+from tamrun.tracking.sweep_files import SWEEP_FILE
 
 from conftest import csv_overrides
 from test_cli import tamrun

@@ -421,6 +421,10 @@ class TrackingConfig:
     # http(s) and database (postgresql://...) stores: how long to wait for the server's TCP answer before
     # failing with a clear error.
     connect_timeout_s: float = 5.0
+    # Where a sweep whose store did not answer at its end lists what it holds (its jobs' runs, its summary),
+    # for the next run on that store to write (docs/scale.md). None: $XDG_STATE_HOME/tamrun/held, else
+    # ~/.local/state/tamrun/held.
+    held_dir: Optional[str] = None
 
 
 @dataclass

@@ -5,6 +5,9 @@ the job is over, whatever host the job ran on (`tamrun.tracking.stale` only sees
 The launcher's reason goes in a tag of its own, ``tamrun.lost_reason``, which nothing else writes: the
 stale-run check of another job starting on the same host may find the same run at the same moment,
 and the two writes of ``tamrun.killed_reason`` would race (one of them overwrites the other).
+
+When the store does not answer then, the job's end is held in the sweep's folder (`hold_lost_job`,
+`tamrun.tracking.held`): its RUNNING run ends KILLED, or it gets a FAILED run, once the store answers.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from omegaconf import DictConfig
 
 from tamrun.errors import LOST
 from tamrun.tracking.stale import REASON
-from tamrun.tracking.sweep import (SWEEP_ID_TAG, SWEEP_JOB_TAG, read_sweep_file, record_failed_job, sweep_run_name,
-                                   sweep_tags)
+from tamrun.tracking.held import error_tags, hold_job
+from tamrun.tracking.sweep import record_failed_job, sweep_run_name, sweep_tags
+from tamrun.tracking.sweep_files import read_sweep_file
+from tamrun.tracking.sweep_summary import SWEEP_ID_TAG, SWEEP_JOB_TAG
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +56,13 @@ def record_lost_job(config: DictConfig, job_num: int, overrides: List[str], reas
         tags = {**sweep_tags(sweep_dir, job_num, overrides), LOST_REASON: reason}
         record_failed_job(config, tags, RuntimeError(reason), sweep_run_name(sweep_dir, job_num, overrides, config),
                            kind=LOST)
+
+
+def hold_lost_job(config: DictConfig, job_num: int, overrides: List[str], reason: str, error: BaseException) -> None:
+    """Hold what `record_lost_job` could not write (``error``: the store's): the job's RUNNING run ends
+    KILLED, or a FAILED run is created for it, once the store answers (`tamrun.tracking.held`)."""
+    sweep_dir = str(config.hydra.sweep.dir)
+    lost = RuntimeError(reason)
+    tags = {**sweep_tags(sweep_dir, job_num, overrides), LOST_REASON: reason, REASON: reason,
+            **error_tags(lost, LOST)}
+    hold_job(sweep_dir, job_num, sweep_run_name(sweep_dir, job_num, overrides, config), tags, error, status="KILLED")

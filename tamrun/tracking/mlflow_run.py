@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import INTERRUPTED, ConfigError, FilesystemError, TamrunError, error_kind
 from tamrun.filesystem import Place, filesystem_error, temporary_place, writing
+from tamrun.tracking.held_spool import spool_dir, upload_waiting
 from tamrun.tracking.params import to_params
 from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numbered
 from tamrun.tracking.runlog import RunLog
@@ -72,7 +73,7 @@ def renamed_uri_error(error: ConfigError, setting: str) -> ConfigError:
     """A store's error about tracking.uri, naming ``setting`` (the environment variable the URI came from)."""
     renamed = ConfigError(setting, error.value, error.problem, f"{error.fix} (the URI is the environment variable "
                           f"{setting}'s: change or unset it, or set tracking.uri)")
-    renamed.run_id = error.run_id
+    renamed.run_id, renamed.run_open = error.run_id, getattr(error, "run_open", False)
     return renamed
 
 
@@ -180,6 +181,10 @@ class TrackedRun:
         self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
         if self.number_reruns:
             self._number_rerun(tags[NAME_KEY_TAG], run.info.start_time)
+        try:  # first: a held run's end is its own, not the stale-run check's
+            upload_waiting(self.client, self.uri, spool_dir(self.cfg.held_dir))
+        except Exception as exc:  # housekeeping must not fail the run: the held runs wait for the next one
+            log.warning("could not write the runs held for this store (%s); the next run tries again", exc)
         try:
             close_stale_runs(self.client, self.experiment_id, self.run_id)
         except (MlflowException, SQLAlchemyError, OSError) as exc:  # housekeeping must not fail the run
@@ -242,7 +247,7 @@ class TrackedRun:
         refused = filesystem_error(error, self.places(), f": run {self.run_id} could not be ended, and stays RUNNING "
                                    "until the next run on this host marks it KILLED")
         if refused is not None:
-            refused.run_id = self.run_id
+            refused.run_id, refused.run_open = self.run_id, True
             return refused
         reason = (getattr(error, "message", None) or str(error)).splitlines()[0][:300]
         lost = ConfigError("tracking.uri", masked(self.uri),
@@ -251,7 +256,7 @@ class TrackedRun:
                            "check the URI and that the tracking server is up, then run again (the run left RUNNING "
                            "is closed KILLED by the next run on this host); tracking.connect_timeout_s bounds the "
                            "check before a run starts")
-        lost.run_id = self.run_id
+        lost.run_id, lost.run_open = self.run_id, True  # its end not written: a sweep job holds it (tracking.held)
         return lost
 
     def _terminate(self, exc_type, exc, tb, deferral: Deferral) -> None:

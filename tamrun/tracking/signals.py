@@ -15,7 +15,7 @@ import contextlib
 import functools
 import signal
 import threading
-from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence, Tuple
 
 CATCHABLE = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 ALL = CATCHABLE + (signal.SIGINT,)
@@ -27,6 +27,10 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(f"received {signal.Signals(signum).name}")
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled with its signal number and attributes (Exception's own pickling would call ``cls(message)``)."""
+        return type(self), (self.signum,), dict(self.__dict__)
 
 
 def exit_code(interrupt: BaseException) -> int:

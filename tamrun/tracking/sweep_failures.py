@@ -39,7 +39,7 @@ def job_failure(job: int, status: str, kind: str, error_type: str) -> JobFailure
 
 
 def table_failures(table: "pd.DataFrame") -> List[JobFailure]:
-    """The jobs of a sweep's summary table (`tamrun.tracking.sweep.summary_table`) that did not finish."""
+    """The jobs of a sweep's summary table (`tamrun.tracking.sweep_summary.summary_table`) that did not finish."""
     failed = table[table["status"] != "FINISHED"]
     return [job_failure(int(row.job), str(row.status), str(row.error_kind or ""), str(row.error_type or ""))
             for row in failed.itertuples()]

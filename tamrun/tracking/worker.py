@@ -1,5 +1,6 @@
 """Where a job ran when a cluster launcher placed it: the Ray node, task and the resources Ray
-reserved for it, as run tags (``ray.node_id``, ``ray.task_id``, ``ray.resources``).
+reserved for it, as run tags (``ray.node_id``, ``ray.task_id``, ``ray.resources``), and the names (never the
+values) of the variables its runtime environment handed it (``ray.env``: `tamrun.ray_env`).
 
 Ray is looked at only when the process already imported it (a Ray worker has): a run outside Ray
 gets no tags and imports nothing."""
@@ -24,8 +25,10 @@ def ray_worker_tags() -> Dict[str, str]:
         task_id = context.get_task_id()
         if task_id is None:  # the driver, not a task
             return {}
+        env = sorted((context.runtime_env.get("env_vars") or {}).keys())
         return {"ray.node_id": context.get_node_id(), "ray.task_id": task_id,
-                "ray.resources": json.dumps(context.get_assigned_resources(), sort_keys=True)}
+                "ray.resources": json.dumps(context.get_assigned_resources(), sort_keys=True),
+                "ray.env": ", ".join(env)}
     except Exception as exc:  # tags are housekeeping: never fail the run for them
         log.warning("could not read the Ray task's context: %s", exc)
         return {}

@@ -1,0 +1,37 @@
+"""A Hydra callback of the tests' own, added on a sweep's command line, that starts each job when the test
+says: job n waits, as it starts, until the file ``go-<n>`` exists in ``folder`` (tests/test_team_cluster.py
+kills and restarts the tracking server between two jobs of a sweep, whatever the machine's speed):
+
+    +hydra.callbacks.gate._target_=job_gate.JobGate +hydra.callbacks.gate.folder=<folder>
+
+with this folder on PYTHONPATH. Nothing of tamrun, Hydra or MLflow is replaced: the jobs run as they do.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+WAIT_S = 600  # a test that never opens the gate fails on its own deadline first
+
+
+class JobGate(Callback):
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        gate = self.folder / f"go-{config.hydra.job.num}"
+        deadline = time.monotonic() + WAIT_S
+        while not gate.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{gate} never appeared")
+            time.sleep(0.05)
+
+
+def open_gate(folder: Path, job: int) -> None:
+    """Let job ``job`` start."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"go-{job}").touch()

@@ -1,0 +1,182 @@
+"""docs/scale.md's walk-through, as written: every ```sh block of the page, in page order, each run after
+the first one (its variables) in a fresh ``bash -euo pipefail``, from the repository's root, as root (the
+page's PostgreSQL commands switch user with runuser).
+
+What differs per machine is given the way the page says, through the environment its first block reads:
+ROOT (a fresh folder, under a temporary one the postgres user may enter), VENV (this interpreter's virtual
+environment), PGPORT, PORT and RAYPORT (free ports). Nothing else of the page is changed or left out: its
+blocks install tamrun with the extras they name, start PostgreSQL, `mlflow server` on it, two sweeps against
+it, a 2-node Ray cluster and a sweep on it; the last block stops them. The test checks what the sweeps
+recorded (every job FINISHED under its parent, the Ray jobs on both nodes with the shell's tracking
+variables), then runs the last block and checks that nothing it started is left. Whatever a failing
+block leaves running is stopped by the fixture: the process groups of the blocks, the processes the page's
+pid files name, and PostgreSQL (pg_ctl stop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from local_cluster import wait_until
+from servers import free_port, postgres_binaries
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "scale.md"
+BLOCK_TIMEOUT_S = 900  # the install block may build tamrun's wheel; a sweep on 2 busy cores takes a minute
+
+
+def page_blocks() -> List[str]:
+    """The page's ```sh blocks, in order (fenced at the start of a line)."""
+    blocks, current = [], None
+    for line in PAGE.read_text(encoding="utf-8").splitlines():
+        if current is None and line == "```sh":
+            current = []
+        elif current is not None and line == "```":
+            blocks.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+class Walkthrough:
+    """The page's blocks run one after the other in the environment of a machine of its own; every
+    block's result, and the process group of each (what it left running is in it)."""
+
+    def __init__(self, top: Path) -> None:
+        self.top, self.root = top, top / "team"
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("HYDRA_", "MLFLOW_", "TAMRUN_", "RAY_", "VIRTUAL_ENV"))}
+        self.env.update(ROOT=str(self.root), VENV=sys.prefix, PGPORT=str(free_port()), PORT=str(free_port()),
+                        RAYPORT=str(free_port()))
+        self.blocks = page_blocks()
+        self.results: List[subprocess.CompletedProcess] = []
+        self.groups: List[int] = []
+
+    def run(self, index: int) -> subprocess.CompletedProcess:
+        """Block ``index`` after the first (the first alone for index 0)."""
+        script = self.blocks[index] if index == 0 else f"{self.blocks[0]}\n{self.blocks[index]}"
+        proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=self.env, text=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.groups.append(proc.pid)
+        try:
+            out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        done = subprocess.CompletedProcess(script, proc.returncode, out, "")
+        self.results.append(done)
+        return done
+
+    def left_running(self) -> List[psutil.Process]:
+        """The processes still alive of the blocks' process groups and of the page's pid files."""
+        pids = {int(p.read_text()) for p in self.root.glob("*.pid") if p.read_text().strip().isdigit()}
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.pid in pids or os.getpgid(proc.pid) in self.groups:
+                    found.append(proc)
+        return found
+
+    def stop_everything(self) -> None:
+        """SIGTERM, then SIGKILL after a grace, to whatever the blocks left; PostgreSQL stopped."""
+        pg_data = self.root / "postgres" / "data"
+        if (pg_data / "postmaster.pid").exists():
+            subprocess.run(["runuser", "-u", "postgres", "--", str(postgres_binaries() / "pg_ctl"), "-D", str(pg_data),
+                            "-m", "immediate", "-w", "stop"], capture_output=True, timeout=120)
+        left = self.left_running()
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(left, timeout=20)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=10)
+
+
+def shown(done: subprocess.CompletedProcess) -> str:
+    return f"exit {done.returncode}\n--- block ---\n{done.args}\n--- output ---\n{done.stdout[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def walkthrough():
+    """Every block of the page but the last (which stops everything), stopping at the first that fails."""
+    if os.geteuid() != 0:
+        pytest.skip("the page's PostgreSQL commands run as root (runuser -u postgres)")
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the page installs into a virtual environment: run the tests from one (VENV)")
+    postgres_binaries()  # a skip, saying what is missing, without PostgreSQL's binaries or its driver
+    top = Path(tempfile.mkdtemp(prefix="tamrun-page-", dir="/tmp"))  # short: Ray's sockets live under it
+    top.chmod(0o755)  # the postgres user enters it (tempfile makes it 0700)
+    page = Walkthrough(top)
+    try:
+        for index in range(len(page.blocks) - 1):
+            if page.run(index).returncode != 0:
+                break
+        yield page
+    finally:
+        page.stop_everything()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_the_page_is_a_walkthrough_of_sh_blocks_that_read_its_first_one():
+    blocks = page_blocks()
+    assert len(blocks) == 8, [b.splitlines()[0] for b in blocks]
+    assert all(f"{name}=${{{name}:-" in blocks[0] for name in ("ROOT", "VENV", "PGPORT", "PORT", "RAYPORT"))
+    assert "/srv" not in "\n".join(blocks) and "pip install 'tamrun[" not in "\n".join(blocks)
+    for block in blocks[1:]:  # the venv's executables, never a bare python, mlflow or ray
+        for line in block.splitlines():
+            assert not line.lstrip().startswith(("python ", "mlflow ", "ray ", "pip ")), line
+
+
+def test_every_block_of_the_page_runs_as_written(walkthrough):
+    """Every block exits 0; the server on PostgreSQL holds both sweeps: the parallel one's 3 jobs and the
+    Ray one's 4, each FINISHED under its FINISHED parent, the Ray jobs on both nodes, each handed the
+    shell's MLFLOW_TRACKING_URI, the artifacts served by the server."""
+    page = walkthrough
+    assert len(page.results) == len(page.blocks) - 1, shown(page.results[-1])
+    for done in page.results:
+        assert done.returncode == 0, shown(done)
+    client = MlflowClient(tracking_uri=f"http://127.0.0.1:{page.env['PORT']}")
+    runs = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id], max_results=100)
+    parents = {r.data.tags["sweep_id"]: r for r in runs if r.data.tags.get("sweep_role") == "parent"}
+    assert len(parents) == 2 and {r.info.status for r in parents.values()} == {"FINISHED"}
+    jobs = {sweep: [r for r in runs if r.data.tags.get("sweep_id") == sweep and r.info.run_id != parent.info.run_id]
+            for sweep, parent in parents.items()}
+    by_size = sorted(jobs.values(), key=len)
+    assert [len(j) for j in by_size] == [3, 4], {k: len(v) for k, v in jobs.items()}
+    parallel, on_ray = by_size
+    for run in parallel + on_ray:
+        assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:")
+        assert run.data.tags["mlflow.parentRunId"] == parents[run.data.tags["sweep_id"]].info.run_id
+    assert sorted(r.data.params["model.effects.toy.ap"] for r in on_ray) == ["-3", "-4", "-5", "-6"]
+    assert len({r.data.tags["ray.node_id"] for r in on_ray}) == 2
+    assert all("MLFLOW_TRACKING_URI" in r.data.tags["ray.env"].split(", ") for r in on_ray)
+    assert {Path(r.data.tags["sweep_dir"]).name for r in parents.values()} == {"penalties", "ray-penalties"}
+
+
+def test_the_last_block_stops_what_the_page_started(walkthrough):
+    """The page's last block stops the Ray nodes, the server and PostgreSQL: none of them is left."""
+    page = walkthrough
+    if len(page.results) < len(page.blocks) - 1 or page.results[-1].returncode != 0:
+        pytest.fail("an earlier block of the page failed (test_every_block_of_the_page_runs_as_written)")
+    done = page.run(len(page.blocks) - 1)
+    assert done.returncode == 0, shown(done)
+    wait_until(lambda: not page.left_running(), "every process the page started ended", 120)
+    assert not (page.root / "postgres" / "data" / "postmaster.pid").exists()
