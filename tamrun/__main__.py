@@ -107,9 +107,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     # MLflow draws a download bar when it checks the logged model's input example (a local copy)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ[RUN_TAG] = new_run_tag()  # this command's Hydra folders (tamrun/run_folder.py)
-    # OpenMP's idle threads sleep instead of spinning (libgomp reads this once, when torch loads it): on cores
-    # other processes share, a spinning thread holds the core the working one needs (docs/configuration.md, hw)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import hydra
     from omegaconf import DictConfig
 

@@ -208,7 +208,7 @@ class DeviceManager:
         aggregation's): their tensors are too small to share, and with two threads on a busy CPU each
         operation waits for the other thread to be scheduled (a Kalman burn-in, 48 groups x 6 pairs x 4,017
         days, 2 cores at load 8-10: 3-4 s with one thread, 40-67 s with two spinning ones, OpenMP's default;
-        at load 4.5 with OMP_WAIT_POLICY=PASSIVE, as `python -m tamrun` sets it, 1.1 s against 1.0 s). The
+        at load 4.5 with OMP_WAIT_POLICY=PASSIVE, 1.1 s against 1.0 s). The
         run's count comes back after; nothing changes off the CPU."""
         if self.kind != "cpu":
             yield

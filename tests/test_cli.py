@@ -103,13 +103,13 @@ def test_plan_mode_prints_the_plan_without_fitting_or_recording(tmp_path):
     assert not store.exists()
 
 
-@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")], ids=["default", "the user's"])
-def test_openmp_threads_wait_passively_unless_the_environment_says_otherwise(tmp_path, given, expected):
-    """`python -m tamrun` sets OMP_WAIT_POLICY=PASSIVE before torch (and its OpenMP runtime, which reads it
-    once) is loaded, unless the environment sets it (docs/configuration.md, hw)."""
+@pytest.mark.parametrize("given", [None, "PASSIVE", "ACTIVE"], ids=["unset", "passive", "active"])
+def test_the_openmp_wait_policy_is_the_environments(tmp_path, given):
+    """`python -m tamrun` leaves OMP_WAIT_POLICY as the environment has it (unset: OpenMP's default, its
+    threads spinning between parallel regions, 20-30 % faster fits on cores of one's own than sleeping
+    ones; PASSIVE on cores other jobs share: docs/configuration.md, hw)."""
     code = ("import os, sys\n"
             "from tamrun.__main__ import main\n"
-            "assert 'torch' not in sys.modules\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "print('policy', os.environ.get('OMP_WAIT_POLICY'))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_") and k != "OMP_WAIT_POLICY"}
@@ -118,4 +118,4 @@ def test_openmp_threads_wait_passively_unless_the_environment_says_otherwise(tmp
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == f"policy {expected}"
+    assert done.stdout.strip().splitlines()[-1] == f"policy {given}"
