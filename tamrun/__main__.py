@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from tamrun.collector import ImportPause
 from tamrun.outcome import errors_raised, multirun_asked, outside_job, verbose_asked
 from tamrun.run_folder import RUN_TAG, new_run_tag
+from tamrun.threads import apply_wait_policy
 
 if TYPE_CHECKING:
     from tamrun.tracking.sweep_failures import JobFailure
@@ -47,6 +48,11 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
         mark_started(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides)
     tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
     name = sweep_run_name(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides, cfg) if multirun else None
+    label = parallel_job_label(hydra_cfg, name)
+    if label is not None:  # the jobs' lines interleave on one console: each says whose it is
+        from tamrun.joblog import label_console_lines
+
+        label_console_lines(label)
     try:
         result = run(cfg, overrides=overrides, tags=tags, run_name=name,
                      libraries_loaded=imports.settle if imports is not None else None)
@@ -61,6 +67,19 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
         failed.append(job_failed(exc, cfg, hydra_cfg, tags, name))
         return float("nan")
     return result.metrics[objective]
+
+
+def parallel_job_label(hydra_cfg: Any, name: Optional[str]) -> Optional[str]:
+    """``[#<job> <run name>]`` for a job of a multirun whose launcher runs jobs at once
+    (`tamrun.joblog.job_label`); None otherwise."""
+    from hydra.types import RunMode
+
+    from tamrun.joblog import job_label, runs_jobs_at_once
+
+    if hydra_cfg.mode != RunMode.MULTIRUN or name is None:
+        return None
+    launcher = hydra_cfg.get("launcher") or {}
+    return job_label(hydra_cfg.job.num, name) if runs_jobs_at_once(str(launcher.get("_target_", ""))) else None
 
 
 def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], name: Optional[str]) -> JobFailure:
@@ -88,7 +107,8 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
         line = error.report_line()
     if verbose or (internal and not multirun):
         traceback.print_exception(type(exc), exc, exc.__traceback__)
-    sys.stderr.write(line)
+    label = parallel_job_label(hydra_cfg, name)
+    sys.stderr.write(f"{label} {line}" if label else line)
     if not multirun:
         sys.exit(1 if internal else 2)
     if getattr(error, "run_id", None) is None:  # refused before its run started: a FAILED run of its own
@@ -101,6 +121,7 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
 def main(argv: Optional[List[str]] = None) -> None:
     """Run with ``argv`` (default: the command line's arguments)."""
     imports = ImportPause()  # until the job's libraries are loaded (tamrun/collector.py)
+    apply_wait_policy()  # how torch's threads wait, read by OpenMP when torch loads (tamrun/threads.py)
     # pyarrow's default pool (mimalloc), which pandas reads through, reserves 1 GiB of address space at
     # its first use (an import below may be it): under ulimit -v it would take the run's room (docs/memory.md)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

@@ -40,3 +40,41 @@ def log_internal_error(error: BaseException, default_path: Path) -> Path:
         file.write(f"internal error (a bug of tamrun's): {type(error).__name__}\n")
         file.write("".join(traceback.format_exception(*exc_info)))
     return default_path
+
+
+# The launchers whose jobs run at the same time (their lines interleave on one console).
+PARALLEL_LAUNCHERS = ("JoblibLauncher", "RayLauncher", "RayClusterLauncher", "SlurmLauncher", "LocalLauncher")
+
+
+def runs_jobs_at_once(launcher_target: str) -> bool:
+    """Whether the launcher of ``_target_`` ``launcher_target`` runs a sweep's jobs at the same time."""
+    name = launcher_target.rsplit(".", 1)[-1]
+    return name in PARALLEL_LAUNCHERS or name.startswith("Ray")
+
+
+def job_label(job_num: int, run_name: str) -> str:
+    """How a parallel sweep's job names itself at the start of each console line: ``[#3 fourier]`` (its
+    number and its run's name, i.e. its swept values)."""
+    return f"[#{job_num} {run_name}]"
+
+
+class LabelledFormatter(logging.Formatter):
+    """A handler's own format, every line of it after ``label``."""
+
+    def __init__(self, label: str, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.label, self.inner = label, inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(f"{self.label} {line}" for line in self.inner.format(record).split("\n"))
+
+
+def label_console_lines(label: str) -> None:
+    """Start every line the root logger's console handlers write with ``label`` (a parallel sweep's job:
+    `job_label`); the job's log file, its own already, is left as it is. Idempotent."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            inner = handler.formatter or logging.Formatter()
+            if isinstance(inner, LabelledFormatter):
+                inner = inner.inner
+            handler.setFormatter(LabelledFormatter(label, inner))

@@ -26,6 +26,7 @@ from tamrun.jobs.prepare import Prepared, prepare
 from tamrun.jobs.record import record_inputs
 from tamrun.jobs.result import RunResult
 from tamrun.pipeline import DTYPES
+from tamrun.threads import applied_wait_policy
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.params import experiment_params
 from tamrun.tracking import run_names
@@ -109,11 +110,13 @@ def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
 
 
 def thread_tags(devices: DeviceManager) -> Dict[str, str]:
-    """``threads`` (torch's intra-op threads on the CPU) and ``threads_reason`` (the rule that chose them,
-    `tamrun.threads`); none off the CPU."""
+    """``threads`` (torch's intra-op threads on the CPU), ``threads_reason`` (the rule that chose them,
+    `tamrun.threads`) and ``omp_wait`` (how they wait between parallel regions, `applied_wait_policy`);
+    none off the CPU."""
     if devices.threads is None:
         return {}
-    return {"threads": str(devices.threads.count), "threads_reason": devices.threads.reason}
+    return {"threads": str(devices.threads.count), "threads_reason": devices.threads.reason,
+            "omp_wait": applied_wait_policy()}
 
 
 def log_config(tracked: TrackedRun, cfg: Any, overrides: Optional[List[str]]) -> None:

@@ -22,6 +22,20 @@ A joblib sweep of fewer jobs than n_jobs still counts n_jobs at once (a job cann
 size): set hydra.launcher.n_jobs to the number of jobs, or hw.threads. `tamrun.device.DeviceManager`
 applies the count on the CPU and logs it and its reason at INFO; the runner records them as the run's
 tags ``threads`` and ``threads_reason``.
+
+How a thread waits (`wait_policy`, applied by ``python -m tamrun`` before torch loads). torch's CPU
+wheels run their parallel regions (and MKL's) on GNU OpenMP, whose threads spin on the CPU for
+``GOMP_SPINCOUNT`` pause instructions between regions before they sleep: 300,000 by default, 10-20 ms,
+longer than the scheduler's time slice. On cores of its own a spinning thread starts the next region
+at once; on cores another process shares, a region ends only when every one of its threads has run,
+and a thread spinning for its partner holds the core that partner needs, so each of a fit's thousands
+of regions waits out time slices (docs/benchmarks.md: the default fit 15-30 times slower beside two busy
+processes). ``OMP_WAIT_POLICY=PASSIVE`` (no spin) pays a sleep and a wake-up at every region instead
+(20-30 % slower on idle cores). tamrun sets ``GOMP_SPINCOUNT`` to `WAIT_SPINS`: long enough to bridge
+the gap between two operations of a fit (a few microseconds of Python), short enough that a thread
+whose partner is not running gives the core back within a fraction of a time slice. An environment that
+sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` itself keeps its own. The runner records the choice as
+the run's tag ``omp_wait``.
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, MutableMapping, Optional, Tuple
 
 from tamrun.memory.limits import CGROUP_ROOT, cgroup_chain, read_lines
 
@@ -39,6 +53,13 @@ log = logging.getLogger(__name__)
 
 # A cgroup v2 cpu.max without a period, and v1's default period (microseconds).
 DEFAULT_PERIOD = 100_000
+
+# GOMP_SPINCOUNT tamrun sets when the environment chooses no wait policy: spins of a pause instruction
+# (about 30-140 cycles each) before an idle OpenMP thread sleeps, i.e. some 15-70 us (docs/benchmarks.md,
+# "Shared cores", for the values measured and why this one).
+WAIT_SPINS = 1000
+# The variables through which a user chooses OpenMP's wait policy; either one set: tamrun sets nothing.
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 @dataclass(frozen=True)
@@ -166,3 +187,35 @@ def multirun_launcher() -> Optional[Mapping[str, Any]]:
         return None
     return OmegaConf.to_container(hydra_cfg.launcher, resolve=True)
 
+
+
+def wait_policy(environ: Mapping[str, str] = os.environ) -> Tuple[Dict[str, str], str]:
+    """(variables to set before torch loads, the policy in words) for an environment ``environ``: none and
+    the environment's own policy when it sets one of `WAIT_VARIABLES`, else ``GOMP_SPINCOUNT`` =
+    `WAIT_SPINS` (module doc)."""
+    given = {name: environ[name] for name in WAIT_VARIABLES if environ.get(name, "").strip()}
+    if given:
+        return {}, "the environment's: " + " ".join(f"{name}={value}" for name, value in given.items())
+    return {"GOMP_SPINCOUNT": str(WAIT_SPINS)}, f"GOMP_SPINCOUNT={WAIT_SPINS} (tamrun's: spin briefly, then sleep)"
+
+
+def apply_wait_policy(environ: MutableMapping[str, str] = os.environ) -> str:
+    """Set `wait_policy`'s variables in ``environ`` (this process's, before torch loads, and so its child
+    processes'), and remember the policy in words for the run's tag (`applied_wait_policy`)."""
+    variables, reason = wait_policy(environ)
+    environ.update(variables)
+    environ[WAIT_REASON] = reason
+    return reason
+
+
+# Where `apply_wait_policy` leaves its reason for the run's tag (inherited by a sweep's local workers).
+WAIT_REASON = "TAMRUN_OMP_WAIT"
+
+
+def applied_wait_policy(environ: Mapping[str, str] = os.environ) -> str:
+    """The wait policy this process's torch threads follow, in words: `apply_wait_policy`'s, or the
+    environment's as OpenMP reads it (torch loaded by a program of the user's, not ``python -m tamrun``)."""
+    if environ.get(WAIT_REASON):
+        return environ[WAIT_REASON]
+    given = [f"{name}={environ[name]}" for name in WAIT_VARIABLES if environ.get(name, "").strip()]
+    return "the environment's: " + " ".join(given) if given else "OpenMP's default (GOMP_SPINCOUNT=300000)"

@@ -12,6 +12,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from tamrun.threads import WAIT_REASON, WAIT_SPINS, applied_wait_policy, apply_wait_policy, wait_policy
+
 from conftest import csv_overrides
 
 
@@ -103,19 +105,55 @@ def test_plan_mode_prints_the_plan_without_fitting_or_recording(tmp_path):
     assert not store.exists()
 
 
-@pytest.mark.parametrize("given", [None, "PASSIVE", "ACTIVE"], ids=["unset", "passive", "active"])
-def test_the_openmp_wait_policy_is_the_environments(tmp_path, given):
-    """`python -m tamrun` leaves OMP_WAIT_POLICY as the environment has it (unset: OpenMP's default, its
-    threads spinning between parallel regions, 20-30 % faster fits on cores of one's own than sleeping
-    ones; PASSIVE on cores other jobs share: docs/configuration.md, hw)."""
-    code = ("import os, sys\n"
-            "from tamrun.__main__ import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print('policy', os.environ.get('OMP_WAIT_POLICY'))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_") and k != "OMP_WAIT_POLICY"}
-    if given is not None:
-        env["OMP_WAIT_POLICY"] = given
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+# A child that records OpenMP's variables at the moment torch is first imported, then runs ``main(argv)``.
+POLICY_AT_TORCH_IMPORT = """
+import os, sys
+seen = {}
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.update({k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")})
+        return None
+sys.meta_path.insert(0, Watch())
+from tamrun.__main__ import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("at torch import", seen.get("GOMP_SPINCOUNT"), seen.get("OMP_WAIT_POLICY"))
+"""
+
+
+@pytest.mark.parametrize("given,expected", [
+    ({}, ("1000", "None")),  # tamrun's: spin briefly, then sleep (tamrun.threads.WAIT_SPINS)
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, ("None", "PASSIVE")),  # the environment's policy is kept whole
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, ("None", "ACTIVE")),
+    ({"GOMP_SPINCOUNT": "300000"}, ("300000", "None")),  # OpenMP's own default, asked for by name
+], ids=["unset", "passive", "active", "spincount"])
+def test_the_openmp_wait_policy_is_set_before_torch_loads(tmp_path, given, expected):
+    """`python -m tamrun` sets GOMP_SPINCOUNT=WAIT_SPINS before torch (and so OpenMP) loads, unless the
+    environment chooses a wait policy itself (docs/benchmarks.md, "Shared cores"): the variables as they
+    are when torch is first imported, in a real run of the entry point (mode=plan imports torch)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HYDRA_") and k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", WAIT_REASON)}
+    done = subprocess.run([sys.executable, "-c", POLICY_AT_TORCH_IMPORT, "mode=plan", "tracking=none"],
+                          cwd=tmp_path, env={**env, **given}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == f"policy {given}"
+    assert done.stdout.strip().splitlines()[-1] == "at torch import " + " ".join(expected), done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("given,policy", [
+    ({}, None), ({"OMP_WAIT_POLICY": "PASSIVE"}, "the environment's: OMP_WAIT_POLICY=PASSIVE"),
+    ({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "20"},
+     "the environment's: OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=20")])
+def test_the_wait_policy_rule(given, policy):
+    """`wait_policy`: GOMP_SPINCOUNT=WAIT_SPINS when the environment sets neither variable, else nothing."""
+    variables, reason = wait_policy(given)
+    if policy is None:
+        assert variables == {"GOMP_SPINCOUNT": str(WAIT_SPINS)} and reason.startswith(f"GOMP_SPINCOUNT={WAIT_SPINS}")
+    else:
+        assert (variables, reason) == ({}, policy)
+    environ = dict(given)
+    assert apply_wait_policy(environ) == reason and environ[WAIT_REASON] == reason
+    assert applied_wait_policy(environ) == reason
+    assert applied_wait_policy({}) == "OpenMP's default (GOMP_SPINCOUNT=300000)"

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 import tamrun
 from tamrun.errors import DataError
 from tamrun.runner import run
-from tamrun.threads import job_threads
+from tamrun.threads import applied_wait_policy, job_threads
 
 from conftest import csv_overrides
 
@@ -57,6 +57,8 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     threads = job_threads(None)
     if logged.data.tags["device_kind"] == "cpu":
         assert (logged.data.tags["threads"], logged.data.tags["threads_reason"]) == (str(threads.count), threads.reason)
+        # how they wait between parallel regions: this process's policy (pytest's: not set by tamrun)
+        assert logged.data.tags["omp_wait"] == applied_wait_policy()
     else:
         assert "threads" not in logged.data.tags
     assert "single run: all " in threads.reason

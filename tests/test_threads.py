@@ -123,3 +123,9 @@ def test_a_parallel_sweep_gives_each_job_half_the_cores(tmp_path, csv_path, monk
     for job in (0, 1):
         logged = re.findall(r"threads: .*", (sweep_dir / str(job) / "tamrun.log").read_text())
         assert logged == [expected]
+    # the jobs' console lines interleave: each starts with its job's number and run name (its swept value)
+    console = [line for line in (done.stdout + done.stderr).splitlines() if "rmse_test=" in line or "threads: " in line]
+    for job, seed in ((0, 1), (1, 2)):
+        mine = [line for line in console if line.startswith(f"[#{job} seed={seed}] ")]
+        assert len(mine) == 2 and any("rmse_test=" in line for line in mine), console
+    assert len(console) == 4, console
