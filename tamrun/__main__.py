@@ -21,22 +21,24 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from tamrun.collector import ImportPause
 from tamrun.outcome import errors_raised, multirun_asked, outside_job, verbose_asked
 from tamrun.run_folder import RUN_TAG, new_run_tag
-from tamrun.threads import apply_wait_policy
+from tamrun.threads import CpuClock, apply_wait_policy
 
 if TYPE_CHECKING:
     from tamrun.tracking.sweep_failures import JobFailure
 
 
-def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None) -> Optional[float]:
+def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None,
+            started: Optional[CpuClock] = None) -> Optional[float]:
     """One job of ``python -m tamrun`` (one run, or one job of a multirun): its objective for the
     sweeper. Bad input exits 2 with one message, an internal error exits 1 (`job_failed`); in a multirun
     the job fails alone (appended to ``failed``, NaN to the sweeper) and the sweep goes on. ``imports``:
-    the entry point's pause of the garbage collector, settled once the run has loaded its libraries."""
+    the entry point's pause of the garbage collector, settled once the run has loaded its libraries;
+    ``started``: the command's first reading of the CPU clocks, from which the load at start is read to
+    choose how torch's threads wait, before torch loads (`tamrun.threads.apply_wait_policy`)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from tamrun.errors import ConfigError
-    from tamrun.runner import run
     from tamrun.tracking.sweep import objective_name, sweep_run_name, sweep_tags
 
     hydra_cfg = HydraConfig.get()
@@ -53,6 +55,9 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
         from tamrun.joblog import label_console_lines
 
         label_console_lines(label)
+    apply_wait_policy(started, jobs_at_once=label is not None)  # before torch loads (tamrun/threads.py)
+    from tamrun.runner import run
+
     try:
         result = run(cfg, overrides=overrides, tags=tags, run_name=name,
                      libraries_loaded=imports.settle if imports is not None else None)
@@ -120,8 +125,8 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Run with ``argv`` (default: the command line's arguments)."""
+    clock = CpuClock.read()  # the load from here to torch's import chooses how its threads wait
     imports = ImportPause()  # until the job's libraries are loaded (tamrun/collector.py)
-    apply_wait_policy()  # how torch's threads wait, read by OpenMP when torch loads (tamrun/threads.py)
     # pyarrow's default pool (mimalloc), which pandas reads through, reserves 1 GiB of address space at
     # its first use (an import below may be it): under ulimit -v it would take the run's room (docs/memory.md)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
@@ -145,7 +150,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def app(cfg: DictConfig) -> Optional[float]:
         started.append(True)
-        return run_job(cfg, failed, imports)
+        return run_job(cfg, failed, imports, clock)
 
     try:
         with errors_raised() as own_full_error:  # Hydra raises what it would print with a traceback

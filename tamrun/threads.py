@@ -31,11 +31,15 @@ at once; on cores another process shares, a region ends only when every one of i
 and a thread spinning for its partner holds the core that partner needs, so each of a fit's thousands
 of regions waits out time slices (docs/benchmarks.md: the default fit 15-30 times slower beside two busy
 processes). ``OMP_WAIT_POLICY=PASSIVE`` (no spin) pays a sleep and a wake-up at every region instead
-(20-30 % slower on idle cores). tamrun sets ``GOMP_SPINCOUNT`` to `WAIT_SPINS`: long enough to bridge
-the gap between two operations of a fit (a few microseconds of Python), short enough that a thread
-whose partner is not running gives the core back within a fraction of a time slice. An environment that
-sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` itself keeps its own. The runner records the choice as
-the run's tag ``omp_wait``.
+(20-30 % slower on idle cores). tamrun chooses as the command starts (`wait_policy`, applied before torch
+loads): cores another process keeps busy from the command's start to the moment torch loads (at least
+`BUSY_AT_START` of a core, read from /proc/stat less the command's own CPU time), or a parallel sweep's
+job (its siblings share the cores): ``GOMP_SPINCOUNT`` = `WAIT_SPINS`, long enough to bridge the gap
+between two operations of a fit, short enough that a thread whose partner is not running gives the core
+back within a fraction of a time slice; idle cores: OpenMP's default spin, the fastest there. The thread
+count is not changed by the load: a count changes a fit's sums (its bits), a wait policy never does. An
+environment that sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` itself keeps its own. The runner records
+the choice as the run's tag ``omp_wait``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, MutableMapping, Optional, Tuple
@@ -58,6 +64,10 @@ DEFAULT_PERIOD = 100_000
 # (about 30-140 cycles each) before an idle OpenMP thread sleeps, i.e. some 15-70 us (docs/benchmarks.md,
 # "Shared cores", for the values measured and why this one).
 WAIT_SPINS = 1000
+# Cores kept busy by other processes, as the command started, from which `WAIT_SPINS` is chosen; and the
+# shortest window (seconds) over which that load is read.
+BUSY_AT_START = 0.5
+LOAD_WINDOW_S = 0.2
 # The variables through which a user chooses OpenMP's wait policy; either one set: tamrun sets nothing.
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
@@ -189,21 +199,71 @@ def multirun_launcher() -> Optional[Mapping[str, Any]]:
 
 
 
-def wait_policy(environ: Mapping[str, str] = os.environ) -> Tuple[Dict[str, str], str]:
-    """(variables to set before torch loads, the policy in words) for an environment ``environ``: none and
-    the environment's own policy when it sets one of `WAIT_VARIABLES`, else ``GOMP_SPINCOUNT`` =
-    `WAIT_SPINS` (module doc)."""
+@dataclass(frozen=True)
+class CpuClock:
+    """A reading of the clocks `others_busy` compares: wall seconds, the CPU seconds every core of the
+    machine has spent busy (/proc/stat: all but idle and iowait) and this process's own CPU seconds (all
+    its threads)."""
+
+    wall: float
+    machine_busy: float
+    own: float
+
+    @classmethod
+    def read(cls, stat: Path = Path("/proc/stat")) -> Optional["CpuClock"]:
+        """Now; None where /proc/stat cannot be read (not Linux)."""
+        fields = (read_lines(stat) or [""])[0].split()
+        if len(fields) < 6 or fields[0] != "cpu":
+            return None
+        ticks = [int(value) for value in fields[1:]]
+        busy = sum(ticks) - ticks[3] - ticks[4]  # user nice system idle iowait irq softirq steal ...
+        times = os.times()
+        return cls(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), times.user + times.system)
+
+
+def others_busy(start: CpuClock, end: CpuClock) -> Optional[float]:
+    """Cores other processes kept busy between two readings: (machine busy - own) / wall; None for a
+    window too short to tell (`LOAD_WINDOW_S`)."""
+    wall = end.wall - start.wall
+    if wall < LOAD_WINDOW_S:
+        return None
+    return max(0.0, ((end.machine_busy - start.machine_busy) - (end.own - start.own)) / wall)
+
+
+def wait_policy(environ: Mapping[str, str] = os.environ, others: Optional[float] = None,
+                jobs_at_once: bool = False) -> Tuple[Dict[str, str], str]:
+    """(variables to set before torch loads, the policy in words), the rule of the module doc: the
+    environment's own policy when it sets one of `WAIT_VARIABLES`; ``GOMP_SPINCOUNT`` = `WAIT_SPINS`
+    for a job that shares the cores with other jobs of its sweep (``jobs_at_once``) or when ``others``
+    (cores other processes kept busy as the command started, `others_busy`) is at least `BUSY_AT_START`;
+    else nothing (OpenMP's default spin: the fastest on idle cores)."""
     given = {name: environ[name] for name in WAIT_VARIABLES if environ.get(name, "").strip()}
     if given:
         return {}, "the environment's: " + " ".join(f"{name}={value}" for name, value in given.items())
-    return {"GOMP_SPINCOUNT": str(WAIT_SPINS)}, f"GOMP_SPINCOUNT={WAIT_SPINS} (tamrun's: spin briefly, then sleep)"
+    short = {"GOMP_SPINCOUNT": str(WAIT_SPINS)}
+    if jobs_at_once:
+        return short, f"GOMP_SPINCOUNT={WAIT_SPINS}: the sweep's jobs share the cores"
+    if others is None:
+        return {}, "OpenMP's default spin: no load measured at start"
+    if others >= BUSY_AT_START:
+        return short, f"GOMP_SPINCOUNT={WAIT_SPINS}: {others:.1f} cores busy with other processes at start"
+    return {}, f"OpenMP's default spin: cores idle at start ({others:.1f} busy with other processes)"
 
 
-def apply_wait_policy(environ: MutableMapping[str, str] = os.environ) -> str:
-    """Set `wait_policy`'s variables in ``environ`` (this process's, before torch loads, and so its child
-    processes'), and remember the policy in words for the run's tag (`applied_wait_policy`)."""
-    variables, reason = wait_policy(environ)
-    environ.update(variables)
+def apply_wait_policy(start: Optional[CpuClock], jobs_at_once: bool = False,
+                      environ: MutableMapping[str, str] = os.environ) -> str:
+    """Choose the wait policy (`wait_policy`, the load measured since ``start``: the command's first
+    reading) and set its variables in ``environ`` (this process's, before torch loads, and so its child
+    processes'); the policy in words is kept for the run's tag (`applied_wait_policy`). Once per process:
+    a policy already applied, or torch already loaded (OpenMP read its variables then), is left as it is."""
+    if environ.get(WAIT_REASON):
+        return environ[WAIT_REASON]
+    if "torch" in sys.modules:
+        reason = applied_wait_policy(environ) + " (torch was loaded before tamrun could choose)"
+    else:
+        end = CpuClock.read() if start is not None else None
+        variables, reason = wait_policy(environ, others_busy(start, end) if end is not None else None, jobs_at_once)
+        environ.update(variables)
     environ[WAIT_REASON] = reason
     return reason
 

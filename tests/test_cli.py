@@ -12,7 +12,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tamrun.threads import WAIT_REASON, WAIT_SPINS, applied_wait_policy, apply_wait_policy, wait_policy
+from tamrun.threads import (BUSY_AT_START, LOAD_WINDOW_S, WAIT_REASON, WAIT_SPINS, CpuClock, applied_wait_policy,
+                            others_busy, wait_policy)
 
 from conftest import csv_overrides
 
@@ -125,35 +126,73 @@ print("at torch import", seen.get("GOMP_SPINCOUNT"), seen.get("OMP_WAIT_POLICY")
 
 
 @pytest.mark.parametrize("given,expected", [
-    ({}, ("1000", "None")),  # tamrun's: spin briefly, then sleep (tamrun.threads.WAIT_SPINS)
     ({"OMP_WAIT_POLICY": "PASSIVE"}, ("None", "PASSIVE")),  # the environment's policy is kept whole
     ({"OMP_WAIT_POLICY": "ACTIVE"}, ("None", "ACTIVE")),
     ({"GOMP_SPINCOUNT": "300000"}, ("300000", "None")),  # OpenMP's own default, asked for by name
-], ids=["unset", "passive", "active", "spincount"])
-def test_the_openmp_wait_policy_is_set_before_torch_loads(tmp_path, given, expected):
-    """`python -m tamrun` sets GOMP_SPINCOUNT=WAIT_SPINS before torch (and so OpenMP) loads, unless the
-    environment chooses a wait policy itself (docs/benchmarks.md, "Shared cores"): the variables as they
-    are when torch is first imported, in a real run of the entry point (mode=plan imports torch)."""
+], ids=["passive", "active", "spincount"])
+def test_the_environments_wait_policy_is_kept(tmp_path, given, expected):
+    """An environment that chooses OpenMP's wait policy keeps it: the variables as they are when torch
+    is first imported, in a real run of the entry point (mode=plan imports torch)."""
+    done = policy_at_torch_import(tmp_path, given)
+    assert done.stdout.strip().splitlines()[-1] == "at torch import " + " ".join(expected), done.stdout[-2000:]
+
+
+def policy_at_torch_import(tmp_path: Path, given: dict) -> subprocess.CompletedProcess:
+    """`POLICY_AT_TORCH_IMPORT` run with ``given`` on top of this environment (without its own policy)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HYDRA_") and k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", WAIT_REASON)}
     done = subprocess.run([sys.executable, "-c", POLICY_AT_TORCH_IMPORT, "mode=plan", "tracking=none"],
                           cwd=tmp_path, env={**env, **given}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "at torch import " + " ".join(expected), done.stdout[-2000:]
+    return done
+
+
+def test_busy_cores_at_start_choose_the_short_spin_before_torch_loads(tmp_path):
+    """Two processes that keep the cores busy from before the command starts: the entry point reads the
+    load from its start to torch's import (here at least a core, far above BUSY_AT_START) and sets
+    GOMP_SPINCOUNT=WAIT_SPINS before torch loads."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        done = policy_at_torch_import(tmp_path, {})
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert done.stdout.strip().splitlines()[-1] == f"at torch import {WAIT_SPINS} None", done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("others,jobs_at_once,spins,reason", [
+    (None, False, None, "OpenMP's default spin: no load measured at start"),
+    (0.1, False, None, "OpenMP's default spin: cores idle at start (0.1 busy with other processes)"),
+    (0.44, False, None, "OpenMP's default spin: cores idle at start (0.4 busy with other processes)"),
+    (0.5, False, WAIT_SPINS, f"GOMP_SPINCOUNT={WAIT_SPINS}: 0.5 cores busy with other processes at start"),
+    (1.9, False, WAIT_SPINS, f"GOMP_SPINCOUNT={WAIT_SPINS}: 1.9 cores busy with other processes at start"),
+    (0.0, True, WAIT_SPINS, f"GOMP_SPINCOUNT={WAIT_SPINS}: the sweep's jobs share the cores"),
+])
+def test_the_wait_policy_for_a_given_load(others, jobs_at_once, spins, reason):
+    """`wait_policy`: the short spin when other processes keep BUSY_AT_START of a core busy at start, or
+    for a job whose sweep runs jobs at once; OpenMP's default spin on idle cores."""
+    assert BUSY_AT_START == 0.5  # the table straddles it
+    variables, said = wait_policy({}, others, jobs_at_once)
+    assert variables == ({} if spins is None else {"GOMP_SPINCOUNT": str(spins)}) and said == reason
 
 
 @pytest.mark.parametrize("given,policy", [
-    ({}, None), ({"OMP_WAIT_POLICY": "PASSIVE"}, "the environment's: OMP_WAIT_POLICY=PASSIVE"),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, "the environment's: OMP_WAIT_POLICY=PASSIVE"),
     ({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "20"},
      "the environment's: OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=20")])
-def test_the_wait_policy_rule(given, policy):
-    """`wait_policy`: GOMP_SPINCOUNT=WAIT_SPINS when the environment sets neither variable, else nothing."""
-    variables, reason = wait_policy(given)
-    if policy is None:
-        assert variables == {"GOMP_SPINCOUNT": str(WAIT_SPINS)} and reason.startswith(f"GOMP_SPINCOUNT={WAIT_SPINS}")
-    else:
-        assert (variables, reason) == ({}, policy)
-    environ = dict(given)
-    assert apply_wait_policy(environ) == reason and environ[WAIT_REASON] == reason
-    assert applied_wait_policy(environ) == reason
+def test_an_environments_policy_wins_whatever_the_load(given, policy):
+    assert wait_policy(given, 1.9, True) == ({}, policy)
+    assert applied_wait_policy(given) == policy
     assert applied_wait_policy({}) == "OpenMP's default (GOMP_SPINCOUNT=300000)"
+
+
+def test_the_load_at_start_is_other_processes_cpu_time_over_the_window():
+    """`others_busy`: (machine busy - own) / wall, in cores; a window shorter than LOAD_WINDOW_S tells
+    nothing."""
+    start = CpuClock(wall=10.0, machine_busy=100.0, own=5.0)
+    assert others_busy(start, CpuClock(wall=11.0, machine_busy=102.5, own=5.9)) == pytest.approx(1.6)
+    assert others_busy(start, CpuClock(wall=12.0, machine_busy=101.0, own=6.2)) == 0.0  # never below 0
+    assert others_busy(start, CpuClock(wall=10.0 + LOAD_WINDOW_S / 2, machine_busy=101.0, own=5.0)) is None
+    now = CpuClock.read()
+    assert now is not None and now.machine_busy > 0 and now.own > 0  # Linux's clocks, read

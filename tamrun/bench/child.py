@@ -110,7 +110,7 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     """The run's path (module docstring); ``--bare``: `run_tamrun_bare`."""
     from tamrun.threads import apply_wait_policy
 
-    apply_wait_policy()  # as the entry point: before torch loads (tamrun/threads.py)
+    apply_wait_policy(None)  # as the entry point on idle cores: before torch loads (tamrun/threads.py)
     if args.bare:
         return run_tamrun_bare(args, meter)
     from tamrun.collector import ImportPause
