@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -74,6 +73,7 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
     from tamrun.errors import TamrunError, error_kind, internal_error_line
     from tamrun.joblog import log_internal_error
     from tamrun.outcome import job_places, named
+    from tamrun.redact import redacted_traceback
     from tamrun.tracking.sweep import hold_open_run, record_failed_job
     from tamrun.tracking.sweep_failures import job_failure
 
@@ -87,7 +87,7 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
     else:
         line = error.report_line()
     if verbose or (internal and not multirun):
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        sys.stderr.write(redacted_traceback(exc))
     sys.stderr.write(line)
     if not multirun:
         sys.exit(1 if internal else 2)

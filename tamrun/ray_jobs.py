@@ -22,7 +22,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
@@ -35,9 +35,13 @@ log = logging.getLogger(__name__)
 
 
 def run_job_in_ray(hydra_context: Any, sweep_config: DictConfig, task_function: Any,
-                   singleton_state: Dict[Any, Any], cwd: str = "") -> JobReturn:
-    """One job inside its Ray task: in the launching folder ``cwd`` when this node has it (relative paths
-    of the config mean what they meant there), Hydra's state restored, then Hydra's ``run_job``."""
+                   singleton_state: Dict[Any, Any], cwd: str = "",
+                   secret_env: Optional[Dict[str, str]] = None) -> JobReturn:
+    """One job inside its Ray task: the launching shell's secret variables set (``secret_env``, handed as an
+    argument, never in the runtime environment Ray logs: `tamrun.ray_env.split_secrets`), in the launching
+    folder ``cwd`` when this node has it (relative paths of the config mean what they meant there), Hydra's
+    state restored, then Hydra's ``run_job``."""
+    os.environ.update(secret_env or {})
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     setup_globals()
@@ -62,23 +66,23 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     """Submit every job as a Ray task, then collect each (module doc)."""
     import ray
 
-    from tamrun.ray_env import job_env, remote_options
+    from tamrun.ray_env import job_env, remote_options, split_secrets
 
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     prepare(launcher.config)
-    env = job_env(launcher.config.get("tracking") or {})
+    env, secret_env = split_secrets(job_env(launcher.config.get("tracking") or {}))
     remote = ray.remote(**remote_options(options(launcher.config, "remote"), env))(run_job_in_ray)
     log.info("Ray cluster launcher: %d job(s), %s each; from this shell: %s", len(job_overrides),
-             dict(launcher.ray_cfg.remote or {}), ", ".join(sorted(env)))
+             dict(launcher.ray_cfg.remote or {}), ", ".join(sorted({**env, **secret_env})))
     submitted = []
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
         log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
         config = job_config(launcher, overrides, idx)
         ref = remote.remote(hydra_context=launcher.hydra_context, sweep_config=config,
                             task_function=launcher.task_function, singleton_state=Singleton.get_state(),
-                            cwd=os.getcwd())
+                            cwd=os.getcwd(), secret_env=secret_env)
         submitted.append((idx, list(overrides), config, ref))
     return collect_all(ray, submitted)
 

@@ -53,7 +53,7 @@ def report(args: argparse.Namespace) -> str:
     """The table and the links, for the options ``args``."""
     from tamrun.compare.select import check_filter, last_runs, sweep_runs
     from tamrun.compare.table import render
-    from tamrun.tracking.secrets import masked
+    from tamrun.redact import redacted
     from tamrun.tracking.ui_view import runs_table_url, ui_base
 
     if args.last < 1:
@@ -61,7 +61,7 @@ def report(args: argparse.Namespace) -> str:
     client = open_store(args.store)
     experiment = client.get_experiment_by_name(args.experiment)
     if experiment is None:
-        raise ConfigError("--experiment", args.experiment, f"the store {masked(args.store)} has no such experiment",
+        raise ConfigError("--experiment", args.experiment, f"the store {redacted(args.store)} has no such experiment",
                           "pass --experiment with the name tracking.experiment had (default tamrun)")
     exp_id = experiment.experiment_id
     if args.filter:
@@ -70,13 +70,13 @@ def report(args: argparse.Namespace) -> str:
     chosen = (sweep_runs(client, exp_id, args.sweep, args.filter) if args.sweep
               else last_runs(client, exp_id, args.last, args.filter))
     what = f"the jobs of sweep {chosen.sweep_id}" if args.sweep else f"the last {len(chosen.runs)} run(s)"
-    lines = [f"{what} of experiment {args.experiment!r} in {masked(args.store)}"
+    lines = [f"{what} of experiment {args.experiment!r} in {redacted(args.store)}"
              + (f" matching {args.filter!r}" if args.filter else "") + ":", "", render(chosen.runs), ""]
-    where = "" if args.store.startswith("http") else f" (mlflow ui --backend-store-uri {masked(args.store)})"
-    lines.append(f"open them in the MLflow UI{where}: {masked(runs_table_url(args.store, exp_id))}")
+    where = "" if args.store.startswith("http") else f" (mlflow ui --backend-store-uri {redacted(args.store)})"
+    lines.append(f"open them in the MLflow UI{where}: {redacted(runs_table_url(args.store, exp_id))}")
     if chosen.parent is not None:
         lines.append(f"the sweep's parent run (its jobs nest under it): "
-                     f"{masked(ui_base(args.store))}/#/experiments/{exp_id}/runs/{chosen.parent.info.run_id}")
+                     f"{redacted(ui_base(args.store))}/#/experiments/{exp_id}/runs/{chosen.parent.info.run_id}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ FINISHED on success, FAILED on any exception (with the error as tags: ``error_ty
 A signal never lands inside a store call (`tamrun.tracking.signals.signals_deferred`): one during the
 run's creation ends the created run KILLED, one while its end is written makes that end KILLED.
 Every run logs its log as the artifact ``logs/run.log`` (with the traceback when it failed).
-Params, tags and text artifacts pass through `tamrun.tracking.secrets.masked`: a password in a URI
+Params, tags and text artifacts pass through `tamrun.redact.redacted`: a password in a URI
 (``postgresql://user:password@host/db``) is written as ``***``.
 """
 
@@ -29,7 +29,8 @@ from tamrun.tracking.held_spool import spool_dir, upload_waiting
 from tamrun.tracking.params import to_params
 from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numbered
 from tamrun.tracking.runlog import RunLog
-from tamrun.tracking.secrets import env_uri, masked
+from tamrun.redact import redacted, redacted_value
+from tamrun.tracking.secrets import env_uri
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_runs, process_tags
 from tamrun.tracking.store import (artifact_place, check_artifact_location, check_store, experiment_id,
@@ -94,7 +95,7 @@ class TrackedRun:
         self.cfg = cfg
         self.enabled = cfg.enabled
         self.uri = tracking_uri(cfg) if cfg.enabled else (cfg.uri or "")
-        if masked(self.uri) != self.uri:  # MLflow prints a run's link, password included, as the run ends
+        if redacted(self.uri) != self.uri:  # MLflow prints a run's link, password included, as the run ends
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.run_name = cfg.run_name or run_name
         self.tags = dict(tags)
@@ -123,10 +124,10 @@ class TrackedRun:
                 self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self.runlog.start()
-        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, masked(self.uri))
+        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, redacted(self.uri))
         log.info("compare runs in the MLflow UI%s: %s", "" if self.uri.startswith("http") else
-                 f" (mlflow ui --backend-store-uri {masked(self.uri)})",
-                 masked(runs_table_url(self.uri, self.experiment_id)))
+                 f" (mlflow ui --backend-store-uri {redacted(self.uri)})",
+                 redacted(runs_table_url(self.uri, self.experiment_id)))
         return self
 
     def start_detached(self) -> str:
@@ -174,10 +175,10 @@ class TrackedRun:
         self.artifact_location = experiment.artifact_location
         ensure_runs_view(self.client, experiment, self.objective)
         tags = {**self.tags, **process_tags(), **ray_worker_tags()}
-        tags = {key: masked(str(value)) for key, value in tags.items()}
+        tags = {key: redacted_value(key, str(value)) for key, value in tags.items()}
         if self.number_reruns:
             tags[NAME_KEY_TAG] = name_key(self.run_name)
-        run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=redacted(self.run_name), tags=tags)
         self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
         if self.number_reruns:
             self._number_rerun(tags[NAME_KEY_TAG], run.info.start_time)
@@ -250,9 +251,9 @@ class TrackedRun:
             refused.run_id, refused.run_open = self.run_id, True
             return refused
         reason = (getattr(error, "message", None) or str(error)).splitlines()[0][:300]
-        lost = ConfigError("tracking.uri", masked(self.uri),
+        lost = ConfigError("tracking.uri", redacted(self.uri),
                            f"the store stopped answering during run {self.run_id}, whose end could not be written "
-                           f"({masked(reason)})",
+                           f"({redacted(reason)})",
                            "check the URI and that the tracking server is up, then run again (the run left RUNNING "
                            "is closed KILLED by the next run on this host); tracking.connect_timeout_s bounds the "
                            "check before a run starts")
@@ -273,9 +274,9 @@ class TrackedRun:
         try:
             if exc is not None:
                 self.client.set_tag(self.run_id, "error_type", exc_type.__name__)
-                self.client.set_tag(self.run_id, "error", masked(str(exc))[:5000])
+                self.client.set_tag(self.run_id, "error", redacted(str(exc))[:5000])
                 self.client.set_tag(self.run_id, "error_kind", error_kind(exc))
-            self.client.log_text(self.run_id, masked(text), "logs/run.log")
+            self.client.log_text(self.run_id, redacted(text), "logs/run.log")
         except Exception as error:  # the store or artifact folder failed too: the status still matters
             log.error("could not record the error or the log of run %s: %s", self.run_id, error)
         if deferral.received is None:
@@ -285,7 +286,7 @@ class TrackedRun:
             self.client.set_tag(self.run_id, "error_kind", INTERRUPTED)
             self.client.set_terminated(self.run_id, status="KILLED")
             status = "KILLED"
-        log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, masked(self.uri),
+        log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, redacted(self.uri),
                  self.cfg.experiment)  # the run's last line: where it went
 
     # ---- logging ---------------------------------------------------------------------------------
@@ -294,7 +295,7 @@ class TrackedRun:
             return
         from mlflow.entities import Param
 
-        params = [Param(k, masked(str(v))) for k, v in to_params(tree).items()]
+        params = [Param(k, redacted_value(k, str(v))) for k, v in to_params(tree).items()]
         for start in range(0, len(params), 100):  # MLflow's per-batch limit
             self.client.log_batch(self.run_id, params=params[start:start + 100])
 
@@ -327,7 +328,7 @@ class TrackedRun:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled:
             for key, value in tags.items():
-                self.client.set_tag(self.run_id, key, masked(str(value)))
+                self.client.set_tag(self.run_id, key, redacted_value(key, str(value)))
 
     def artifact(self, artifact_file: Optional[str] = None) -> Optional[Path]:
         """The local path of this run's artifact ``artifact_file`` (its artifact folder without it); None
@@ -338,7 +339,7 @@ class TrackedRun:
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.enabled:
             with writing(self.artifact(artifact_file)):
-                self.client.log_text(self.run_id, masked(text), artifact_file)
+                self.client.log_text(self.run_id, redacted(text), artifact_file)
 
     def log_json(self, data: Dict[str, Any], artifact_file: str) -> None:
         self.log_text(json.dumps(data, indent=2, default=str), artifact_file)

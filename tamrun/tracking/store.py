@@ -35,7 +35,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tamrun.errors import ConfigError
 from tamrun.filesystem import Place, filesystem_error
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted
 from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
 from tamrun.tracking.store_wait import StoreWatch, holders_text, lock_holders
 
@@ -102,23 +102,50 @@ def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri
 def check_answers(uri: str, connect_timeout_s: float) -> None:
     """Refuse, naming tracking.uri and tracking.connect_timeout_s, an http(s) server or a database
     server (postgresql://, mysql://, mssql://) that does not answer a TCP connection in time."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.split("+")[0]
-    if scheme in ("http", "https"):
-        port = parts.port or (443 if scheme == "https" else 80)
-    elif scheme in DATABASE_PORTS and parts.hostname:
-        port = parts.port or DATABASE_PORTS[scheme]
-    else:
+    scheme = urlsplit(uri).scheme.split("+")[0]
+    if scheme not in ("http", "https") and scheme not in DATABASE_PORTS:
+        return
+    host, port = server_address(uri, scheme)
+    if not host:
         return
     try:
-        socket.create_connection((parts.hostname, port), timeout=connect_timeout_s).close()
+        socket.create_connection((host, port), timeout=connect_timeout_s).close()
     except OSError as exc:
         what = "tracking server" if scheme.startswith("http") else "database server"
-        raise ConfigError("tracking.uri", masked(uri),
-                          f"the {what} {parts.hostname}:{port} does not answer within tracking.connect_timeout_s="
+        raise ConfigError("tracking.uri", redacted(uri),
+                          f"the {what} {host}:{port} does not answer within tracking.connect_timeout_s="
                           f"{connect_timeout_s:g} s ({exc})",
                           "check the URI and start the server, use a local store (tracking.uri=sqlite:///outputs/"
                           "mlflow.db), or set tracking.enabled=false") from None
+
+
+def server_address(uri: str, scheme: str) -> Tuple[Optional[str], int]:
+    """(host, port) of a server URI as its client reads it: a database's as SQLAlchemy does (its password
+    may hold '/', ':' or '?'), an http(s) server's as MLflow does (urllib: the host part ends at the first
+    '/'); a port that is not a number is a `ConfigError` on tracking.uri (a password's '/' cut the host
+    part there: the fix says to percent-encode it). The URI is shown redacted, the bad port only when no
+    password could be in it."""
+    if scheme in DATABASE_PORTS:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(uri)
+            return url.host, url.port or DATABASE_PORTS[scheme]
+        except (ArgumentError, ValueError) as exc:
+            raise ConfigError("tracking.uri", redacted(uri), f"not a database URL ({redacted(str(exc))})",
+                              f"write dialect://user:password@host:port/database, or use a local store "
+                              f"({LOCAL_STORE})") from None
+    parts = urlsplit(uri)
+    try:
+        return parts.hostname, parts.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        cut = "@" in uri.split("://", 1)[-1][len(parts.netloc):]  # a '/' of the password ended the host part
+        shown_port = "" if cut or "@" in parts.netloc else f" {parts.netloc.rpartition(':')[2]!r}"
+        raise ConfigError("tracking.uri", redacted(uri), f"the port{shown_port} is not a number"
+                          + (" (the password holds a '/', '?' or '#', which ends the host part of a URL)" if cut else ""),
+                          "percent-encode those characters of the password ('/' as %2F, '?' as %3F, '#' as %23, "
+                          "'@' as %40), or write the port as digits (http://host:5000)") from None
 
 
 def check_driver(uri: str) -> None:
@@ -134,10 +161,10 @@ def check_driver(uri: str) -> None:
         make_url(uri).get_dialect().import_dbapi()
     except ImportError as exc:
         package = DRIVER_PACKAGES.get(exc.name or "", exc.name)
-        raise ConfigError("tracking.uri", masked(uri), f"the database driver {exc.name!r} is not installed",
+        raise ConfigError("tracking.uri", redacted(uri), f"the database driver {exc.name!r} is not installed",
                           f"pip install {package}, or use a local store ({LOCAL_STORE})") from None
     except ArgumentError as exc:
-        raise ConfigError("tracking.uri", masked(uri), f"not a database URL ({exc})",
+        raise ConfigError("tracking.uri", redacted(uri), f"not a database URL ({exc})",
                           f"write dialect://user@host/database, or use a local store ({LOCAL_STORE})") from None
 
 
@@ -172,9 +199,9 @@ def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
         holders = lock_holders(db) if db is not None else None
         who = holders_text(holders) if holders else "another process"
         return ConfigError("tracking.busy_timeout_s", busy_timeout_s,
-                           f"{who} held the store {masked(uri)} locked for longer ({reason})",
+                           f"{who} held the store {redacted(uri)} locked for longer ({reason})",
                            "raise tracking.busy_timeout_s, or stop the process that holds the store")
-    return ConfigError("tracking.uri", masked(uri), f"the MLflow store cannot be used ({masked(reason)})", _FIX)
+    return ConfigError("tracking.uri", redacted(uri), f"the MLflow store cannot be used ({redacted(reason)})", _FIX)
 
 
 @contextlib.contextmanager
