@@ -23,11 +23,12 @@ DEFAULT_COUNT = 20
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     from tamrun.config.schema import TrackingConfig
-    from tamrun.tracking.mlflow_run import default_tracking_uri
+    from tamrun.tracking.mlflow_run import tracking_uri
 
     parser = argparse.ArgumentParser(prog="python -m tamrun.compare", description=__doc__.splitlines()[0])
-    parser.add_argument("--store", default=default_tracking_uri(),
-                        help="the MLflow store (default: the one python -m tamrun writes here, outputs/mlflow.db)")
+    parser.add_argument("--store", default=tracking_uri(TrackingConfig()),
+                        help="the MLflow store (default: the one python -m tamrun writes to from here: "
+                             "MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
     parser.add_argument("--experiment", default=TrackingConfig.experiment, help="the experiment (default: %(default)s)")
     parser.add_argument("-n", "--last", type=int, default=DEFAULT_COUNT, help="how many runs (default: %(default)s)")
     parser.add_argument("--sweep", help="a sweep's jobs: its id (the sweep_id tag) or 'last'")
@@ -36,17 +37,28 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def open_store(store: str):
-    """A client on ``store``: a sqlite file must exist (it would otherwise be created empty)."""
+    """A client on ``store``: a sqlite file must exist (it would otherwise be created empty); the runs a
+    lost process left RUNNING on this host are marked KILLED (`tamrun.tracking.stale`)."""
     from tamrun.config.schema import TrackingConfig
-    from tamrun.tracking.store import check_store, open_client, sqlite_path
+    from tamrun.tracking.stale import close_stale_in_store
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tamrun.tracking.store import check_store, open_client, sqlite_path, store_error
 
     db = sqlite_path(store)
     if db is not None and not db.is_file():
         raise ConfigError("--store", store, f"no MLflow store at {db}",
                           "run python -m tamrun here first, or pass --store with the store's URI")
     settings = TrackingConfig()
-    check_store(store, settings.connect_timeout_s)
-    return open_client(store, settings.busy_timeout_s, settings.lock_timeout_s)
+    check_store(store, settings.connect_timeout_s, "--store")
+    try:
+        client = open_client(store, settings.busy_timeout_s, settings.lock_timeout_s)
+    except (MlflowException, SQLAlchemyError) as exc:  # a store MLflow cannot open: named, not a traceback
+        reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
+        raise store_error(store, reason, settings.busy_timeout_s, "--store") from None
+    close_stale_in_store(client, "python -m tamrun.compare")
+    return client
 
 
 def report(args: argparse.Namespace) -> str:

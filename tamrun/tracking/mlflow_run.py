@@ -32,7 +32,7 @@ from tamrun.tracking.runlog import RunLog
 from tamrun.redact import redacted, redacted_value
 from tamrun.tracking.secrets import env_uri
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
-from tamrun.tracking.stale import close_stale_runs, process_tags
+from tamrun.tracking.stale import close_stale_in_store, process_tags
 from tamrun.tracking.store import (artifact_place, check_artifact_location, check_store, experiment_id,
                                   local_folder, open_client, retry_on_conflict, sqlite_path, store_error, store_place)
 from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
@@ -60,6 +60,28 @@ def tracking_uri(cfg: TrackingConfig) -> str:
     if cfg.uri_env:
         return env_uri(cfg.uri_env)
     return os.environ.get(MLFLOW_URI_ENV, "").strip() or default_tracking_uri()
+
+
+def close_stale_runs_of(cfg: TrackingConfig, found_by: str) -> None:
+    """Mark KILLED the runs a lost process left RUNNING in the store ``cfg`` names, when that store exists
+    (a command that records nothing, ``mode=plan``, creates none; `tamrun.tracking.stale`). A store that
+    cannot be opened now is left as it is, with a warning: the command does not need it."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if not cfg.enabled:
+        return
+    try:
+        uri = tracking_uri(cfg)
+        db = sqlite_path(uri)
+        if db is not None and not db.is_file():
+            return
+        check_store(uri, cfg.connect_timeout_s)
+        client = open_client(uri, cfg.busy_timeout_s, cfg.lock_timeout_s)
+    except (TamrunError, MlflowException, SQLAlchemyError, OSError) as exc:
+        log.warning("could not open the store to look for runs left RUNNING by a lost process: %s", exc)
+        return
+    close_stale_in_store(client, found_by)
 
 
 def uri_setting(cfg: TrackingConfig) -> str:
@@ -165,9 +187,6 @@ class TrackedRun:
                 from None
 
     def _create(self) -> None:
-        from mlflow.exceptions import MlflowException
-        from sqlalchemy.exc import SQLAlchemyError
-
         self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
         self.experiment_id = self._experiment_id()
         experiment = self.client.get_experiment(self.experiment_id)
@@ -186,10 +205,7 @@ class TrackedRun:
             upload_waiting(self.client, self.uri, spool_dir(self.cfg.held_dir))
         except Exception as exc:  # housekeeping must not fail the run: the held runs wait for the next one
             log.warning("could not write the runs held for this store (%s); the next run tries again", exc)
-        try:
-            close_stale_runs(self.client, self.experiment_id, self.run_id)
-        except (MlflowException, SQLAlchemyError, OSError) as exc:  # housekeeping must not fail the run
-            log.warning("could not look for runs left RUNNING by a lost process: %s", exc)
+        close_stale_in_store(self.client, f"run {self.run_id}")
 
     def _number_rerun(self, key: str, start_time: int) -> None:
         """Number this run after the runs of the same name that started before it (`run_names.numbered`)."""

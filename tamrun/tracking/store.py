@@ -82,10 +82,28 @@ DRIVER_PACKAGES = {"psycopg": "'tamrun[team]' (psycopg 3; or psycopg2-binary, wi
 DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
+def vanishing(uri: str) -> bool:
+    """Whether ``uri`` is a store that vanishes when the process ends: sqlite in memory (``sqlite://``,
+    ``sqlite:///:memory:``, ``sqlite:///file::memory:?...``, ``?mode=memory``), whatever the driver."""
+    scheme, _, rest = uri.partition("://")
+    if scheme.split("+")[0].lower() != "sqlite":
+        return False
+    path, _, query = rest.partition("?")
+    path = path[1:] if path.startswith("/") else path
+    return path in ("", ":memory:") or path.startswith(("file::memory:", ":memory:")) or \
+        "mode=memory" in query.lower()
+
+
 def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri") -> None:
-    """Fail fast: a sqlite file whose folder cannot be created or that is not a file (a `FilesystemError`
-    naming ``setting``); an http(s) server that does not answer a TCP connection within
-    ``connect_timeout_s`` (MLflow itself would retry for minutes)."""
+    """Fail fast: a store that vanishes when the process ends (`vanishing`: a `ConfigError` naming
+    ``setting``, the run would be reported saved and be nowhere); a sqlite file whose folder cannot be
+    created or that is not a file (a `FilesystemError` naming ``setting``); an http(s) server that does
+    not answer a TCP connection within ``connect_timeout_s`` (MLflow itself would retry for minutes)."""
+    if vanishing(uri):
+        raise ConfigError(setting, redacted(uri), "an in-memory store vanishes when the process ends: the run "
+                          "would be reported saved and recorded nowhere",
+                          f"use a store that lasts ({LOCAL_STORE}, a database or server URI), or "
+                          "tracking.enabled=false to record nothing")
     db = sqlite_path(uri)
     if db is not None:
         try:
@@ -190,10 +208,48 @@ def local_folder(location: Optional[str]) -> Optional[Path]:
     return Path(urlsplit(location).path if location.startswith("file:") else location)
 
 
-def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
+_SCHEMA = re.compile(r"out-of-date database schema \(found version (?P<found>\w+), but expected (?P<head>\w+)\)")
+
+
+def known_revision(revision: str) -> bool:
+    """Whether this MLflow's migrations know the schema ``revision`` (a store of an older MLflow, or of
+    this one); a revision it does not know is a newer MLflow's."""
+    import mlflow.store
+    from alembic.script import ScriptDirectory
+
+    try:
+        migrations = ScriptDirectory(str(Path(mlflow.store.__file__).parent / "db_migrations"))
+        return migrations.get_revision(revision) is not None
+    except Exception:  # alembic's ResolutionError (and kin) for a revision it does not know
+        return False
+
+
+def schema_error(uri: str, reason: str, setting: str) -> Optional[ConfigError]:
+    """The error for a store whose schema is not this MLflow's, by the way it differs: newer (a newer MLflow
+    wrote it: upgrading the store cannot help, MLflow can) or older (``mlflow db upgrade``); None when
+    ``reason`` is not about the schema."""
+    import mlflow
+
+    found = _SCHEMA.search(reason)
+    if found is None:
+        return None
+    if known_revision(found.group("found")):
+        return ConfigError(setting, redacted(uri), f"the store's schema (revision {found.group('found')}) is older "
+                           f"than this MLflow's ({mlflow.__version__}, revision {found.group('head')})",
+                           f"back the store up, then run: mlflow db upgrade '{redacted(uri)}' (or use another store)")
+    return ConfigError(setting, redacted(uri), f"the store's schema (revision {found.group('found')}) is newer than "
+                       f"this MLflow {mlflow.__version__} knows (its newest is {found.group('head')}): a newer MLflow "
+                       "wrote it", "install the MLflow version that wrote the store (pip install -U mlflow), or "
+                       "use another store; do not run mlflow db upgrade or downgrade on it")
+
+
+def store_error(uri: str, reason: str, busy_timeout_s: float, setting: str = "tracking.uri") -> ConfigError:
     """The error for a store MLflow could not open: a sqlite file still locked by another process
-    after the busy wait names tracking.busy_timeout_s (and that process, where it can be read); anything
-    else names tracking.uri."""
+    after the busy wait names tracking.busy_timeout_s (and that process, where it can be read); a schema
+    that is not this MLflow's, newer or older (`schema_error`); anything else names ``setting``."""
+    schema = schema_error(uri, reason, setting)
+    if schema is not None:
+        return schema
     if "database is locked" in reason:
         db = sqlite_path(uri)
         holders = lock_holders(db) if db is not None else None
@@ -201,7 +257,7 @@ def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
         return ConfigError("tracking.busy_timeout_s", busy_timeout_s,
                            f"{who} held the store {redacted(uri)} locked for longer ({reason})",
                            "raise tracking.busy_timeout_s, or stop the process that holds the store")
-    return ConfigError("tracking.uri", redacted(uri), f"the MLflow store cannot be used ({redacted(reason)})", _FIX)
+    return ConfigError(setting, redacted(uri), f"the MLflow store cannot be used ({redacted(reason)})", _FIX)
 
 
 @contextlib.contextmanager
