@@ -13,6 +13,7 @@ or experiment that does not exist, a filter MLflow cannot parse or one that name
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -29,7 +30,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--store", default=tracking_uri(TrackingConfig()),
                         help="the MLflow store (default: the one python -m tamrun writes to from here: "
                              "MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
-    parser.add_argument("--experiment", default=TrackingConfig.experiment, help="the experiment (default: %(default)s)")
+    parser.add_argument("--experiment", default=os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
+                        or TrackingConfig.experiment, help="the experiment (default: MLFLOW_EXPERIMENT_NAME when set, "
+                        "else %(default)s)")
     parser.add_argument("-n", "--last", type=int, default=DEFAULT_COUNT, help="how many runs (default: %(default)s)")
     parser.add_argument("--sweep", help="a sweep's jobs: its id (the sweep_id tag) or 'last'")
     parser.add_argument("--filter", default="", help="MLflow's search syntax, e.g. \"metrics.rmse_test < 1700\"")

@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import INTERRUPTED, ConfigError, FilesystemError, TamrunError, error_kind
@@ -33,8 +33,9 @@ from tamrun.redact import redacted, redacted_value
 from tamrun.tracking.secrets import env_uri
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_in_store, process_tags
-from tamrun.tracking.store import (artifact_place, check_artifact_location, check_store, experiment_id,
-                                  local_folder, open_client, retry_on_conflict, sqlite_path, store_error, store_place)
+from tamrun.tracking.store import (active_experiment, artifact_place, check_artifact_location, check_store,
+                                  experiment_id, local_folder, open_client, retry_on_conflict, sqlite_path, store_error,
+                                  store_place)
 from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
 from tamrun.tracking.worker import ray_worker_tags
 
@@ -60,6 +61,37 @@ def tracking_uri(cfg: TrackingConfig) -> str:
     if cfg.uri_env:
         return env_uri(cfg.uri_env)
     return os.environ.get(MLFLOW_URI_ENV, "").strip() or default_tracking_uri()
+
+
+EXPERIMENT_NAME_ENV, EXPERIMENT_ID_ENV = "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"
+
+
+def experiment_choice(cfg: TrackingConfig) -> Tuple[str, Optional[str], str]:
+    """(experiment name, experiment id, the setting that chose them), as MLflow picks an experiment:
+    ``tracking.experiment`` when it is not the default; else MLflow's variables, ``MLFLOW_EXPERIMENT_NAME``
+    (with ``MLFLOW_EXPERIMENT_ID``, if set, required to be its id), else ``MLFLOW_EXPERIMENT_ID`` alone
+    (name ""); else the default name."""
+    if cfg.experiment != TrackingConfig.experiment:
+        return cfg.experiment, None, "tracking.experiment"
+    name = os.environ.get(EXPERIMENT_NAME_ENV, "").strip()
+    wanted = os.environ.get(EXPERIMENT_ID_ENV, "").strip() or None
+    if name:
+        return name, wanted, EXPERIMENT_NAME_ENV
+    if wanted:
+        return "", wanted, EXPERIMENT_ID_ENV
+    return cfg.experiment, None, "tracking.experiment"
+
+
+def experiment_by_id(client: Any, wanted: str) -> Any:
+    """The experiment of id ``wanted`` (MLFLOW_EXPERIMENT_ID); one the store lacks is a `ConfigError`."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_experiment(wanted)
+    except MlflowException:
+        raise ConfigError(EXPERIMENT_ID_ENV, wanted, "the store has no experiment of this id",
+                          f"unset {EXPERIMENT_ID_ENV} (or set {EXPERIMENT_NAME_ENV} or tracking.experiment), or give "
+                          "the id of an experiment of this store") from None
 
 
 def close_stale_runs_of(cfg: TrackingConfig, found_by: str) -> None:
@@ -120,6 +152,7 @@ class TrackedRun:
         if redacted(self.uri) != self.uri:  # MLflow prints a run's link, password included, as the run ends
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.run_name = cfg.run_name or run_name
+        self.experiment_name = cfg.experiment  # the experiment the run went to (`experiment_choice`), once open
         self.tags = dict(tags)
         self.objective = objective
         self.number_reruns = number_reruns and not cfg.run_name
@@ -146,7 +179,7 @@ class TrackedRun:
                 self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self.runlog.start()
-        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, redacted(self.uri))
+        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.experiment_name, redacted(self.uri))
         log.info("compare runs in the MLflow UI%s: %s", "" if self.uri.startswith("http") else
                  f" (mlflow ui --backend-store-uri {redacted(self.uri)})",
                  redacted(runs_table_url(self.uri, self.experiment_id)))
@@ -215,12 +248,24 @@ class TrackedRun:
             self.client.update_run(self.run_id, name=self.run_name)
 
     def _experiment_id(self) -> str:
+        """The run's experiment, as `experiment_choice` picks it: by name (created if absent), or by
+        MLFLOW_EXPERIMENT_ID alone (it must exist); both given, they must agree (as MLflow requires)."""
         db = sqlite_path(self.uri)
         root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
         check_artifact_location(root)
         location = Path(root).resolve().as_uri() if root and "://" not in root else root
-        return experiment_id(self.client, self.uri, self.cfg.experiment, location, self.cfg.lock_timeout_s,
-                             EXPERIMENT_TAGS)
+        name, wanted, setting = experiment_choice(self.cfg)
+        if not name:
+            found = experiment_by_id(self.client, wanted)
+            self.experiment_name = found.name
+            return active_experiment(found, EXPERIMENT_ID_ENV)
+        self.experiment_name = name
+        found_id = experiment_id(self.client, self.uri, name, location, self.cfg.lock_timeout_s, EXPERIMENT_TAGS,
+                                 setting)
+        if wanted and wanted != found_id:
+            raise ConfigError(EXPERIMENT_ID_ENV, wanted, f"it names another experiment than {setting}={name!r} (id "
+                              f"{found_id})", f"unset {EXPERIMENT_ID_ENV}, or make the two name the same experiment")
+        return found_id
 
     def places(self) -> List[Place]:
         """The folders this run writes (its artifacts, the store, the temporary folder), for
@@ -303,7 +348,7 @@ class TrackedRun:
             self.client.set_terminated(self.run_id, status="KILLED")
             status = "KILLED"
         log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, redacted(self.uri),
-                 self.cfg.experiment)  # the run's last line: where it went
+                 self.experiment_name)  # the run's last line: where it went
 
     # ---- logging ---------------------------------------------------------------------------------
     def log_params(self, tree: Any) -> None:

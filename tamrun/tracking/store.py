@@ -415,26 +415,49 @@ def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float) -> Signa
     return SignalSafe(client, watch.call)
 
 
+LONGEST_EXPERIMENT_NAME = 256  # characters: the width of MLflow's experiments.name column (its databases enforce it)
+
+
 def experiment_id(client, uri: str, name: str, artifact_location: Optional[str], lock_timeout_s: float,
-                  tags: Optional[dict] = None) -> str:
-    """The id of experiment ``name``, created (under the store's lock, with ``tags``) if absent."""
+                  tags: Optional[dict] = None, setting: str = "tracking.experiment") -> str:
+    """The id of experiment ``name``, created (under the store's lock, with ``tags``) if absent. A name
+    MLflow cannot hold, a deleted experiment of that name (in MLflow's trash: it cannot take runs, and its
+    name stays taken), or a creation MLflow refuses is a `ConfigError` naming ``setting``, the setting that
+    chose the name."""
     from mlflow.exceptions import MlflowException
 
+    if len(name) > LONGEST_EXPERIMENT_NAME:
+        raise ConfigError(setting, name, f"an experiment name of {len(name)} characters (MLflow's store holds at "
+                          f"most {LONGEST_EXPERIMENT_NAME})", f"choose a name of at most {LONGEST_EXPERIMENT_NAME} "
+                          "characters")
     found = client.get_experiment_by_name(name)
     if found is not None:
-        return found.experiment_id
+        return active_experiment(found, setting)
     with signals_deferred(), store_lock(uri, lock_timeout_s):
         found = client.get_experiment_by_name(name)  # created meanwhile by another process?
         if found is not None:
-            return found.experiment_id
+            return active_experiment(found, setting)
         log.info("creating MLflow experiment '%s'", name)
         try:
             return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
-        except MlflowException:  # a remote store without our lock: created meanwhile by another job
+        except MlflowException as exc:  # a remote store without our lock: created meanwhile by another job
             found = client.get_experiment_by_name(name)
             if found is None:
-                raise
-            return found.experiment_id
+                raise ConfigError(setting, name, f"MLflow refused to create the experiment ({redacted(exc.message)})",
+                                  "choose another experiment name") from None
+            return active_experiment(found, setting)
+
+
+def active_experiment(experiment: Any, setting: str) -> str:
+    """``experiment``'s id when it can take runs; a deleted one is a `ConfigError` naming ``setting``."""
+    if experiment.lifecycle_stage == "deleted":
+        raise ConfigError(setting, experiment.name, f"the experiment is deleted in this store (id "
+                          f"{experiment.experiment_id}, in MLflow's trash): it takes no runs, and its name stays "
+                          "taken until it is removed for good",
+                          f"restore it (mlflow experiments restore --experiment-id {experiment.experiment_id}), "
+                          f"remove it for good (mlflow gc --experiment-ids {experiment.experiment_id}), or choose "
+                          "another experiment name")
+    return experiment.experiment_id
 
 
 # A write that two processes race to make first (the same dataset logged by two jobs of a sweep at once):
