@@ -18,9 +18,12 @@ SIGINT while the jobs run cancels them (their runs KILLED) and ends the command 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -47,8 +50,29 @@ def run_job_in_ray(hydra_context: Any, sweep_config: DictConfig, task_function: 
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(sweep_config)
-    return run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
-                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    own = OwnLines(sys.stderr)
+    with contextlib.redirect_stderr(own):
+        result = run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
+                         job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    result.tamrun_lines = own.lines  # the launcher prints them: the worker's terminal is not this one
+    return result
+
+
+class OwnLines(io.TextIOBase):
+    """A stream that passes everything to ``stream`` and keeps tamrun's own lines (``tamrun: ...``, a job's
+    error), which a Ray job hands back to the launcher (`run_job_in_ray`)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.lines, self.partial = stream, [], ""
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        *done, self.partial = (self.partial + text).split("\n")
+        self.lines.extend(line for line in done if line.startswith("tamrun:"))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def job_config(launcher: Any, overrides: Sequence[str], idx: int) -> DictConfig:
@@ -119,7 +143,24 @@ def collect(ray: Any, idx: int, overrides: List[str], config: DictConfig, ref: A
         return nan_result(config, overrides)
     if result.status == JobStatus.FAILED:  # Hydra's run_job caught an error the job did not name
         return failed(config, idx, overrides, result._return_value)
+    said(idx, config, result)
     return result
+
+
+def said(idx: int, config: DictConfig, result: JobReturn) -> None:
+    """Job ``idx``'s end, said once by the launcher, in job order (Ray's forwarding of the workers' own lines
+    is off: `log_to_driver` in conf/hydra/launcher/ray_cluster.yaml): the job's own tamrun lines (its
+    error), then its objective and where its log is."""
+    from tamrun.numbers import significant
+    from tamrun.tracking.sweep import objective_name
+
+    for line in getattr(result, "tamrun_lines", []):
+        log.error("sweep job #%d: %s", idx, line)
+    value = result.return_value
+    folder = result.hydra_cfg.hydra.runtime.output_dir if getattr(result, "hydra_cfg", None) else config.hydra.sweep.dir
+    state = f"{objective_name(config)}={significant(value)}" if isinstance(value, float) and math.isfinite(value) \
+        else "did not finish"
+    log.info("sweep job #%d: %s (its log: %s)", idx, state, Path(str(folder)) / "tamrun.log")
 
 
 def failed(config: DictConfig, idx: int, overrides: List[str], error: BaseException) -> JobReturn:

@@ -12,7 +12,8 @@ import pandas as pd
 
 from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.dates import FileDates
-from tamrun.data.file_kind import decode_problem, excerpt, header_problem, regular_file, sniff
+from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, decode_problem, excerpt, header_problem, regular_file,
+                                    sniff)
 from tamrun.errors import DataError, os_reason
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def read_header(path: Path, cfg: DataConfig) -> List[str]:
         raise unreadable(path, exc, cfg) from None
     repeated = sorted({name for name in header if header.count(name) > 1}, key=str)
     if repeated:
-        raise DataError("data.path", str(path), f"the header names column(s) {excerpt(repeated)} more than once "
+        raise DataError("data.path", str(path), f"the header names column(s) {[name[:EXCERPT_CHARS] for name in repeated[:EXCERPT_NAMES]]} more than once "
                         "(pandas would rename the copies and a setting could read the wrong one)",
                         "give every column a distinct name")
     return header
