@@ -113,6 +113,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from tamrun.config.load import config_dir
     from tamrun.config.store import register_configs
     from tamrun.errors import Abort
+    from tamrun.redact import redacted_output
     from tamrun.tracking.signals import exit_code
 
     if argv is not None:
@@ -127,7 +128,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return run_job(cfg, failed, imports)
 
     try:
-        with errors_raised() as own_full_error:  # Hydra raises what it would print with a traceback
+        with redacted_output(), errors_raised() as own_full_error:  # Hydra raises what it would print
             app()
         if failed:  # jobs run in this process, no parent run to count them (SweepCallback counts the others)
             from tamrun.tracking.sweep_failures import failure_exit_code, failure_line

@@ -11,20 +11,25 @@ and text artifacts (`tamrun.tracking.mlflow_run`), Hydra's own files
 - the value of a secret-named query parameter or setting, ``?password=...``, ``&token=...``,
   ``AWS_SECRET_ACCESS_KEY=...``, ``password: ...``: a name that contains password, passwd, pwd, secret,
   token, credential, api_key/apikey, access_key, private_key, signature or sig, or is ``key``;
+- a password hash as crypt(3) writes it (``$6$salt$hash``, ``$y$...``, ``$2b$...``: a line of /etc/shadow);
 - the value of every secret-named environment variable of this process (`secret_name`: MLflow's
   ``MLFLOW_TRACKING_PASSWORD`` and ``MLFLOW_TRACKING_TOKEN``, ``AWS_SECRET_ACCESS_KEY``,
   ``AZURE_STORAGE_CONNECTION_STRING``, ...) wherever it appears, whatever the form around it.
 
-A user name stays (it says whose store it is); so does a host. The redaction is idempotent.
+A user name stays (it says whose store it is); so does a host. The redaction is idempotent. The entry
+points (``python -m tamrun``, ``python -m tamrun.compare``) run under `redacted_output`, so that what a
+library prints itself is redacted too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import sys
 import traceback
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 MASK = "***"
 SHORTEST_SECRET = 6  # an environment value shorter than this is not searched for (it would mask common words)
@@ -37,6 +42,8 @@ _SECRET_WORD = (r"(?:passw(?:or)?d|pwd|secret|token|credentials?|api[_-]?key|api
 _SECRET_NAME = re.compile(rf"(?i)(?:^|[_.-]){_SECRET_WORD}(?:$|[_.-])|^(?:key|sig|pass)$|{_SECRET_WORD}$")
 # scheme://user:password@ : the password runs to the last '@' before whitespace or a quote.
 _URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):(?P<secret>[^\s'\"]*)@")
+# A password hash as crypt(3) writes it (/etc/shadow: $1$, $5$, $6$, $y$ yescrypt, $2b$ bcrypt, $argon2id$, ...).
+_CRYPT_HASH = re.compile(r"\$(?:1|2[abxy]?|5|6|7|y|gy|sha1|md5|argon2(?:id|i|d)?|scrypt|pbkdf2[\w-]*)\$[^\s:,;'\"]+")
 # ?name=value or &name=value: a URI's query parameter.
 _QUERY = re.compile(r"(?P<head>[?&;](?P<name>[^=&#;\s]+)=)(?P<value>[^&#;\s'\"]*)")
 # name=value or name: value where the name is secret (environment lines, YAML, JSON, messages); not a URI's
@@ -66,6 +73,7 @@ def redacted(text: str, environ: Optional[Mapping[str, str]] = None) -> str:
     for value in _secret_values(os.environ if environ is None else environ):
         text = text.replace(value, MASK)
     text = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
+    text = _CRYPT_HASH.sub(MASK, text)
     text = _QUERY.sub(lambda m: f"{m.group('head')}{MASK}" if secret_name(m.group("name")) and m.group("value")
                       else m.group(0), text)
     return _ASSIGNED.sub(lambda m: f"{m.group('name')}{m.group('sep')}{MASK}" if secret_name(m.group("name"))
@@ -97,3 +105,34 @@ class RedactFilter(logging.Filter):
         elif record.exc_text:
             record.exc_text = redacted(record.exc_text)
         return True
+
+
+class RedactedStream:
+    """A text stream that writes to ``stream`` what it is given, redacted; anything else is ``stream``'s
+    (``isatty``, ``fileno``, ``encoding``, ...)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(redacted(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def redacted_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` redacted while the block runs: what a library prints itself
+    (Hydra's ``--cfg job``, its warnings and errors, MLflow's links) passes the one redaction too."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactedStream(out), RedactedStream(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

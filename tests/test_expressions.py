@@ -35,6 +35,9 @@ FRAME = pd.DataFrame({"x": [1.0, 2.0, 3.0, 4.0], "dow": [5, 6, 1, 0], "kind": ["
     ("x @ x", "'@'"),
     ("b'bytes' == x", "the literal b'bytes'"),
     ("x +", "not an expression"),
+    ("-" * 500 + "x", "nested deeper than 100"),
+    ("(" * 300 + "x" + ")" * 300, "not an expression"),
+    ("x" + " + x" * 400, "characters (at most 1000)"),
 ])
 def test_a_construct_outside_the_allow_list_is_a_config_error_naming_it(text, construct):
     with pytest.raises(ConfigError, match="data.derived.z.expr") as caught:

@@ -97,3 +97,23 @@ def test_a_pickled_model_of_an_older_tamrun_is_refused_not_unpickled(tmp_path):
     with pytest.raises(ModelStateError, match="pickle"):
         load_state(pickled)
     assert not (Path.cwd() / "pwned").exists()
+
+
+@pytest.mark.parametrize("tamper", ["dunder field", "unknown kind", "missing tensor", "dangling ref"])
+def test_a_malformed_state_is_refused_as_such(logged, tmp_path, tamper):
+    _, _, state, _ = logged
+    tampered = tmp_path / "fitted"
+    shutil.copytree(state, tampered)
+    tree = json.loads((tampered / STATE).read_text())
+    fields = tree["root"]["fields"]
+    if tamper == "dunder field":
+        fields["__reduce__"] = "x"
+    elif tamper == "unknown kind":
+        fields["coef"] = {"$": "pickle", "data": "gASV"}
+    elif tamper == "missing tensor":
+        fields["coef"] = {"$": "tensor", "name": "t999"}
+    else:
+        fields["design"] = {"$": "ref", "id": 999}
+    (tampered / STATE).write_text(json.dumps(tree))
+    with pytest.raises(ModelStateError):
+        load_state(tampered)

@@ -28,7 +28,7 @@ from tamrun.ray_env import split_secrets
 ENV_SECRET = "envS3cretValue42"  # a cloud credential in the environment: never written anywhere
 
 
-def tamrun(args: List[str], cwd: Path, env: Dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+def tamrun(args: List[str], cwd: Path, env: Dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
     """``python -m tamrun args`` in ``cwd``, the environment clean of Hydra's, tamrun's and MLflow's variables
     and ``env`` added."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_", "MLFLOW_"))}
@@ -50,6 +50,8 @@ def tamrun(args: List[str], cwd: Path, env: Dict[str, str], timeout: float = 300
     ('{"MLFLOW_TRACKING_TOKEN": "tok-123456"}', "tok-123456"),
     ("--db-password=hunter2 rest", "hunter2"),
     (f"the file said {ENV_SECRET} twice: {ENV_SECRET}", ENV_SECRET),
+    ("root:$6$saltsalt$Zm9vYmFyYmF6cXV4:19000:0:99999:7:::", "Zm9vYmFyYmF6cXV4"),
+    ("mysql://user:p@ss:w/rd@db.example/mlflow", "p@ss:w/rd"),
 ])
 def test_every_form_of_a_secret_is_redacted(text, secret, monkeypatch):
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", ENV_SECRET)
@@ -89,6 +91,14 @@ def test_a_log_record_is_redacted_with_its_arguments_and_its_traceback():
                                    sys.exc_info())
     assert RedactFilter().filter(record)
     assert record.getMessage() == f"store http://u:{MASK}@h:1" and "s3/cret" not in record.exc_text
+
+
+@pytest.mark.parametrize("option", ["--cfg=job", "--cfg=hydra", "--info=config"])
+def test_what_hydra_prints_itself_is_redacted(tmp_path, option):
+    """Hydra prints the composed config itself (--cfg, --info): the entry point's output is redacted too."""
+    done = tamrun(["tracking.uri=postgresql://alice:s3/cret@db.example/mlflow", option], tmp_path, {})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "s3/cret" not in done.stdout + done.stderr and f"postgresql://alice:{MASK}@db.example/mlflow" in done.stdout
 
 
 @pytest.fixture(scope="module")

@@ -97,13 +97,15 @@ def report(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Print the report; bad input exits 2 with one line."""
+    from tamrun.redact import redacted
+
     args = parse_args(argv)
     try:
         text = report(args)
     except TamrunError as error:
         sys.stderr.write(error.report_line())
         raise SystemExit(2) from None
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(redacted(text) + "\n")
 
 
 if __name__ == "__main__":

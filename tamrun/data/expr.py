@@ -27,6 +27,7 @@ import pandas as pd
 from tamrun.errors import ConfigError, DataError
 
 LONGEST_EXPRESSION = 1000  # characters
+DEEPEST_EXPRESSION = 100  # nested operations (the evaluation walks the tree recursively)
 _FIX = "write arithmetic and comparisons on columns and numbers, e.g. '(temp_f - 32) / 1.8' or 'dow >= 5'"
 
 _BINARY: Dict[Type[ast.operator], Callable[[Any, Any], Any]] = {
@@ -69,6 +70,10 @@ def parse_expression(field: str, text: str) -> ast.Expression:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise ConfigError(field, text, f"not an expression ({exc.msg})", _FIX) from None
+    except (RecursionError, MemoryError):
+        raise ConfigError(field, text, "an expression nested too deeply to parse", _FIX) from None
+    if depth(tree) > DEEPEST_EXPRESSION:
+        raise ConfigError(field, text, f"an expression nested deeper than {DEEPEST_EXPRESSION} operations", _FIX)
     for node in ast.walk(tree):
         if isinstance(node, _OPERATORS) or isinstance(node, _STRUCTURE):
             if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool, str)):
@@ -77,6 +82,16 @@ def parse_expression(field: str, text: str) -> ast.Expression:
         raise ConfigError(field, text, f"{construct(node, text.strip())} is not allowed (only arithmetic and "
                                        "comparisons on columns and literals)", _FIX)
     return tree
+
+
+def depth(node: ast.AST) -> int:
+    """How deep the tree under ``node`` goes (a leaf: 1), counted without recursion."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        current, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(current))
+    return deepest
 
 
 def names(tree: ast.Expression) -> Set[str]:

@@ -161,7 +161,10 @@ class _Reader:
         cls = _allowed_class(node["class"])
         made = object.__new__(cls)  # no __init__, no __setstate__: the fields as they were saved
         self.objects[int(node["id"])] = made
-        made.__dict__.update({str(k): self.value(v) for k, v in node["fields"].items()})
+        fields = {str(k): v for k, v in node["fields"].items()}
+        if any(name.startswith("__") for name in fields):
+            raise ModelStateError(f"a field of {node['class']} names a special attribute")
+        made.__dict__.update({name: self.value(v) for name, v in fields.items()})
         return made
 
 
@@ -192,4 +195,8 @@ def load_state(folder: Path) -> Any:
     tree = json.loads((Path(folder) / STATE).read_text(encoding="utf-8"))
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
         raise ModelStateError(f"{Path(folder) / STATE} is not a {FORMAT} file")
-    return _Reader(load_file(str(Path(folder) / TENSORS), device="cpu")).value(tree["root"])
+    try:
+        return _Reader(load_file(str(Path(folder) / TENSORS), device="cpu")).value(tree["root"])
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:  # a tree `save_state` did not write
+        raise ModelStateError(f"{Path(folder) / STATE} is not a model state tamrun wrote ({type(exc).__name__}: "
+                              f"{exc})") from None

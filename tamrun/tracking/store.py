@@ -181,9 +181,10 @@ def check_driver(uri: str) -> None:
         package = DRIVER_PACKAGES.get(exc.name or "", exc.name)
         raise ConfigError("tracking.uri", redacted(uri), f"the database driver {exc.name!r} is not installed",
                           f"pip install {package}, or use a local store ({LOCAL_STORE})") from None
-    except ArgumentError as exc:
-        raise ConfigError("tracking.uri", redacted(uri), f"not a database URL ({exc})",
-                          f"write dialect://user@host/database, or use a local store ({LOCAL_STORE})") from None
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise ConfigError("tracking.uri", redacted(uri), f"not a database URL ({redacted(str(exc))})",
+                          f"write dialect://user:password@host:port/database (the port as digits), or use a local "
+                          f"store ({LOCAL_STORE})") from None
 
 
 def check_artifact_location(location: Optional[str]) -> None:
