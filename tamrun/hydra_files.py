@@ -1,4 +1,4 @@
-"""Hydra's own files of a job and a sweep, redacted and private to their owner.
+"""What Hydra writes for a job and a sweep, redacted: its own files (private to their owner) and its logs.
 
 Hydra writes a job's composed config, its own config and the command line's overrides to
 ``<output dir>/.hydra/{config,hydra,overrides}.yaml`` before the job starts, and a sweep's config to
@@ -6,7 +6,9 @@ Hydra writes a job's composed config, its own config and the command line's over
 (``tracking.uri=postgresql://user:pw@host/db``) or held by a secret environment variable would stay there.
 `RedactedHydraFiles`, a Hydra callback listed first in conf/config.yaml, rewrites each of them through
 `tamrun.redact.redacted` and makes it 0600 as the job starts (Hydra has just written them) and as the sweep
-ends.
+ends. It also puts `tamrun.redact.RedactFilter` on every log handler Hydra configured (`filter_handlers`:
+its own logging as a run or sweep starts, the job's, ``<output dir>/tamrun.log`` among them, as the job
+starts), whatever ``hydra/job_logging`` and ``hydra/hydra_logging`` are.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Iterable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from tamrun.redact import redacted
+from tamrun.redact import RedactFilter, redacted
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +59,27 @@ def job_files(config: DictConfig) -> Iterable[Path]:
     return found
 
 
+def filter_handlers() -> None:
+    """`RedactFilter` on every handler of every logger now configured (once each)."""
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for handler in {handler for logger in loggers for handler in logger.handlers}:
+        if not any(isinstance(existing, RedactFilter) for existing in handler.filters):
+            handler.addFilter(RedactFilter())
+
+
 class RedactedHydraFiles(Callback):
-    """Hydra's files redacted and private: a job's as it starts, the sweep's as it ends (module doc)."""
+    """Hydra's files redacted and private: a job's as it starts, the sweep's as it ends; its log handlers
+    filtered as they are configured (module doc)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        filter_handlers()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        filter_handlers()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        filter_handlers()
         redact_files(job_files(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -2,7 +2,7 @@
 
 `redacted(text)` is the only function that decides; every place that writes text outside the process goes
 through it: the errors' messages (`tamrun.errors`), the log lines of every handler Hydra configures
-(`RedactFilter`, named in conf/config.yaml for Hydra's own lines and the job's), the MLflow params, tags
+(`RedactFilter`, put on them by `tamrun.hydra_files`), the MLflow params, tags
 and text artifacts (`tamrun.tracking.mlflow_run`), Hydra's own files
 (`tamrun.hydra_files`) and what is handed to Ray (`tamrun.ray_env`). What it replaces by ``***``:
 
@@ -93,7 +93,7 @@ def redacted_traceback(error: BaseException) -> str:
 
 class RedactFilter(logging.Filter):
     """A handler's filter that redacts each record's message (arguments merged in) and its exception's
-    text before the handler formats it (conf/config.yaml puts it on Hydra's and the job's handlers)."""
+    text before the handler formats it (`tamrun.hydra_files` puts it on Hydra's and the job's handlers)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import psutil
 
@@ -36,13 +36,24 @@ def process_alive(pid: int, started: float) -> bool:
         return False
 
 
+def active_experiments(client) -> List[str]:
+    """The ids of every active experiment of ``client``'s store, page by page."""
+    ids: List[str] = []
+    token = None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        ids.extend(experiment.experiment_id for experiment in page)
+        token = page.token
+        if not token:
+            return ids
+
+
 def close_stale_runs(client, experiment_id: Optional[str], current_run_id: str) -> int:
     """Mark KILLED every RUNNING run of the experiment (None: of every active experiment of the store) from
     this host whose process is gone; returns how many. ``current_run_id``: the run or command that found
     them (named in the reason). Runs without the process tags (older tamrun, other tools) are left alone."""
     host = socket.gethostname()
-    experiments = [experiment_id] if experiment_id is not None else \
-        [experiment.experiment_id for experiment in client.search_experiments(max_results=50000)]
+    experiments = [experiment_id] if experiment_id is not None else active_experiments(client)
     if not experiments:
         return 0
     running = client.search_runs(experiments, filter_string=f"attributes.status = 'RUNNING' and tags.`{HOST}` = '{host}'",
