@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -98,6 +97,7 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
     from tamrun.errors import TamrunError, error_kind, internal_error_line
     from tamrun.joblog import log_internal_error
     from tamrun.outcome import job_places, named
+    from tamrun.redact import redacted_traceback
     from tamrun.tracking.sweep import hold_open_run, record_failed_job
     from tamrun.tracking.sweep_failures import job_failure
 
@@ -111,7 +111,7 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
     else:
         line = error.report_line()
     if verbose or (internal and not multirun):
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        sys.stderr.write(redacted_traceback(exc))
     label = parallel_job_label(hydra_cfg, name)
     sys.stderr.write(f"{label} {line}" if label else line)
     if not multirun:
@@ -139,6 +139,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from tamrun.config.load import config_dir
     from tamrun.config.store import register_configs
     from tamrun.errors import Abort
+    from tamrun.redact import redacted_output
     from tamrun.tracking.signals import exit_code
 
     if argv is not None:
@@ -153,7 +154,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return run_job(cfg, failed, imports, clock)
 
     try:
-        with errors_raised() as own_full_error:  # Hydra raises what it would print with a traceback
+        with redacted_output(), errors_raised() as own_full_error:  # Hydra raises what it would print
             app()
         if failed:  # jobs run in this process, no parent run to count them (SweepCallback counts the others)
             from tamrun.tracking.sweep_failures import failure_exit_code, failure_line

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
+from tamrun.redact import redacted
+
 INTERNAL = "internal"  # the kind (`error_kind`) of an exception that is not a TamrunError
 INTERRUPTED = "interrupted"  # the kind of a KeyboardInterrupt (SIGINT, or SIGTERM/SIGHUP as Terminated)
 LOST = "lost"  # a sweep job whose process was lost (its worker or node died: tamrun.tracking.lost_jobs)
@@ -19,9 +21,9 @@ LONGEST_VALUE = 160  # characters of a value's repr a message shows (a 5000-char
 
 
 def shown(value: Any, text: Optional[str] = None) -> str:
-    """``repr(value)`` (or ``text``), its middle cut when it is longer than `LONGEST_VALUE` (the length is
-    said)."""
-    text = repr(value) if text is None else text
+    """``repr(value)`` (or ``text``), redacted (`tamrun.redact`), its middle cut when it is longer than
+    `LONGEST_VALUE` (the length is said)."""
+    text = redacted(repr(value) if text is None else text)
     if len(text) <= LONGEST_VALUE:
         return text
     return f"{text[:100]}...{text[-40:]} ({len(text)} characters)"
@@ -47,10 +49,10 @@ class TamrunError(Exception):
 
     def __init__(self, field: str, value: Any, problem: str, fix: str) -> None:
         self.field = field
-        self.value = value
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{field}={shown(value)}: {problem}. Fix: {fix}")
+        self.value = redacted(value) if isinstance(value, str) else value
+        self.problem = redacted(problem)
+        self.fix = redacted(fix)
+        super().__init__(f"{field}={shown(value)}: {self.problem}. Fix: {self.fix}")
 
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickled with its four arguments and its attributes (``run_id``): a sweep job's error crosses
@@ -136,7 +138,7 @@ def error_kind(error: BaseException) -> str:
 def internal_error_line(error: BaseException, log_path: Any) -> str:
     """The line an internal error is reported with: ``tamrun: internal error: <type>: <first line of its
     message> (a bug of tamrun's; traceback in <log_path>)`` (``traceback above`` without a log)."""
-    lines = str(error).strip().splitlines()
+    lines = redacted(str(error)).strip().splitlines()
     named = f"{type(error).__name__}: {lines[0][:LONGEST_VALUE]}" if lines else type(error).__name__
     where = f"traceback in {log_path}" if log_path is not None else "traceback above"
     return f"tamrun: internal error: {named} (a bug of tamrun's; {where})\n"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import logging
+from typing import Dict, List, Tuple
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,8 @@ import torch
 
 from tamrun.data.batch import GroupedBatch
 from tamrun.errors import NumericalError
+
+log = logging.getLogger(__name__)
 
 
 def predictions_table(frame: pd.DataFrame, batch: GroupedBatch, predicted: torch.Tensor, date_column: str,
@@ -38,15 +41,30 @@ def rmse(actual: np.ndarray, predicted: np.ndarray) -> float:
 
 
 def mape(actual: np.ndarray, predicted: np.ndarray) -> float:
-    """100 * mean(|y - yhat| / |y|) over rows with y != 0 (percent)."""
+    """100 * mean(|y - yhat| / |y|) over rows with y != 0 (percent); undefined (NaN) when every y is 0:
+    MAPE divides by the target (the RMSE is the measure there)."""
     nonzero = actual != 0
+    if not np.any(nonzero):
+        return float("nan")
     return float(100.0 * np.mean(np.abs((actual[nonzero] - predicted[nonzero]) / actual[nonzero])))
+
+
+def undefined_mape(name: str, values: Dict[str, float]) -> bool:
+    """Whether ``values[name]`` is a MAPE that is undefined (NaN: every target of its split is 0) rather
+    than wrong: its RMSE (``rmse`` + the same suffix) is finite, so the predictions are."""
+    rmse_name = "rmse" + name[len("mape"):]
+    return name.startswith("mape") and np.isnan(values[name]) and np.isfinite(values.get(rmse_name, np.nan))
 
 
 def require_finite(values: Dict[str, float], what: str, cause: str) -> None:
     """`NumericalError` naming the first of ``values`` that is not finite (a run that produced one
-    never ends FINISHED)."""
-    bad = [name for name, value in values.items() if not np.isfinite(value)]
+    never ends FINISHED); an undefined MAPE (`undefined_mape`) is not an error: it is logged as NaN, with a
+    warning."""
+    undefined = [name for name in values if undefined_mape(name, values)]
+    if undefined:
+        log.warning("%s undefined (every target of the split is 0, and MAPE divides by it): logged as NaN; the "
+                    "RMSE measures the error there", ", ".join(undefined))
+    bad = [name for name, value in values.items() if not np.isfinite(value) and name not in undefined]
     if bad:
         raise NumericalError(bad[0], values[bad[0]], f"{what} is not finite ({len(bad)} value(s): "
                              f"{', '.join(bad[:5])})", cause)
@@ -84,6 +102,57 @@ def require_plausible(predictions: Dict[str, np.ndarray], metrics: Dict[str, flo
                                  f"training target's scale ({scale:.6g}, the larger of its 1st and 99th percentiles): "
                                  "not a forecast", f"look for absurd target values (data.target_outliers=error names "
                                  f"them); {cause}")
+
+
+# A forecast farther from the training target's median than this many times its spread (`support`) is not
+# supported by the training data: no fit of that target extrapolates so far (the issue-44 case, 2 training rows
+# per group for 14 coefficients, forecast 1,000 for a target between 19 and 21).
+SUPPORT_FACTOR = 10.0
+SPREAD_FLOOR = 0.1  # of the target's scale: the spread of a target that barely varies
+
+
+def support(train_target: np.ndarray) -> Tuple[float, float]:
+    """(center, spread) of the training target: its median, and the width of its 1st-99th percentile band
+    (at least `SPREAD_FLOOR` times its scale, `target_scale`)."""
+    values = np.asarray(train_target, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return 0.0, 1.0
+    low, high = np.quantile(values, TRAINING_BAND)
+    return float(np.median(values)), max(float(high - low), SPREAD_FLOOR * target_scale(values))
+
+
+def unsupported_groups(batch: GroupedBatch, predicted: torch.Tensor, center: float, spread: float) -> List[int]:
+    """Indices of the groups of ``batch`` with a forecast (G, N) farther than `SUPPORT_FACTOR` x ``spread``
+    from ``center`` (padding aside)."""
+    far = ((predicted.cpu().double() - center).abs() > SUPPORT_FACTOR * spread) & (batch.weight.cpu() > 0)
+    return torch.nonzero(far.any(dim=1)).flatten().tolist()
+
+
+def require_supported(splits: Dict[str, Tuple[GroupedBatch, torch.Tensor]], train: GroupedBatch, width: int,
+                      fix: str) -> None:
+    """`NumericalError` naming the groups whose forecasts of a split lie far outside what the training data
+    supports (`unsupported_groups`), and why: fewer training rows than the model's ``width`` coefficients
+    (the penalties alone decide the rest, and are too weak), else penalties too weak for those groups. The
+    groups of every split are the training batch's, in its order."""
+    real = train.weight.cpu() > 0
+    center, spread = support(train.y.cpu().numpy()[real.numpy()])
+    counts = train.counts.cpu()
+    for split, (batch, predicted) in splits.items():
+        found = unsupported_groups(batch, predicted, center, spread)
+        if not found:
+            continue
+        worst = float((predicted.cpu().double() - center).abs()[batch.weight.cpu() > 0].max())
+        short = [i for i in found if counts[i] < width]
+        cause = (f"{len(short)} of them have fewer training rows (as few as {int(counts[short].min())}) than the "
+                 f"model's {width} coefficients: the penalties alone decide the rest, and are too weak for that"
+                 if short else "the penalties are too weak for these groups' data, or their features lie far "
+                 "outside the training range")
+        groups = [batch.groups[i] for i in found]
+        raise NumericalError("data.group", groups[:8], f"the {split} forecasts of {len(groups)} group(s) (the first "
+                             f"8 shown) reach {worst:.4g} from the training target's median {center:.4g}, "
+                             f"{worst / spread:.0f} times its spread ({spread:.4g}): not supported by the training "
+                             f"data ({cause})", fix)
 
 
 def scored(batch: GroupedBatch, predicted: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:

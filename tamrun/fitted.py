@@ -85,8 +85,9 @@ def prediction_batch(design: AdditiveDesign, groups: list, recipe: DataRecipe, d
 
 @dataclass
 class FittedModel:
-    """A fitted additive model, every tensor of it on the host (`to` moves them all); picklable (the
-    MLflow model holds one), and a pickle always holds it on the host, so that it loads without a GPU.
+    """A fitted additive model, every tensor of it on the host (`to` moves them all); picklable (a sweep's
+    processes), a pickle always holds it on the host; the MLflow model stores it as data
+    (`tamrun.tracking.model_state`), on the host, so that it loads without a GPU and without unpickling.
 
     ``coef`` (G, D) in the order of ``groups``; ``group_chunk`` x ``row_chunk``: its predictions'
     chunks (the group chunk the fit kept and the plan's predict rows: they fitted in memory)."""

@@ -11,9 +11,10 @@ configuration of one's own) the traceback is appended to the default path itself
 from __future__ import annotations
 
 import logging
-import traceback
 from pathlib import Path
 from typing import List
+
+from tamrun.redact import redacted_traceback
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def log_internal_error(error: BaseException, default_path: Path) -> Path:
     default_path.parent.mkdir(parents=True, exist_ok=True)
     with default_path.open("a", encoding="utf-8") as file:
         file.write(f"internal error (a bug of tamrun's): {type(error).__name__}\n")
-        file.write("".join(traceback.format_exception(*exc_info)))
+        file.write(redacted_traceback(error))
     return default_path
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import traceback
+import sys
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple
 
 from tamrun.errors import Abort, TamrunError, internal_error_line
 from tamrun.filesystem import Place, filesystem_error
+from tamrun.redact import redacted, redacted_traceback
 
 REFUSED_HINT = ("tamrun: config error: Hydra refused the command line (message above). Fix: check the field's "
                 "spelling and type in docs/configuration.md (`python -m tamrun --cfg job` prints every field), "
@@ -88,11 +89,11 @@ def outside_job(error: BaseException, started: bool, multirun: bool, verbose: bo
         error = error.error
     lines = refused(error, started)
     if lines is not None:
-        return lines, 2
+        return redacted(lines), 2
     reported = named(error, [folder_place(multirun, None)])
     internal = not isinstance(reported, TamrunError)
     if internal or verbose:
-        traceback.print_exception(type(error), error, error.__traceback__)
+        sys.stderr.write(redacted_traceback(error))
     return (internal_error_line(error, None), 1) if internal else (reported.report_line(), 2)
 
 

@@ -224,6 +224,14 @@ def numerical_fix(config: Config) -> str:
             "system), or rescale the data")
 
 
+def support_fix(config: Config) -> str:
+    """What to change when forecasts lie far outside what the training data supports, for this config."""
+    effect = next(iter(config.model.effects), "<name>")
+    return (f"raise the penalties (an effect's ap, e.g. model.effects.{effect}.ap, or model.penalties=gcv), use "
+            "fewer coefficients (a smaller k or m), or give those groups more training rows (group more coarsely; "
+            "data.small_groups=error refuses groups with fewer rows than coefficients)")
+
+
 def check_coefficients(coef: torch.Tensor, groups: list, config: Config) -> None:
     """`NumericalError` when a group's coefficients (G, D) are not all finite."""
     finite = torch.isfinite(coef).all(dim=1)

@@ -14,19 +14,24 @@ sweep's parent, or fails (``tracking=server`` with ``MLFLOW_TRACKING_URI`` expor
 
 A tracking variable that the launcher's own runtime environment (``ray.init.runtime_env`` or
 ``ray.remote.runtime_env``) sets to another value than the shell's, or that the shell lacks, is refused
-before any job starts (`check_env`): the jobs would record elsewhere than the sweep's parent. Ray keeps a
-runtime environment in its cluster state (visible to whoever reaches the cluster): a password travels
-that way too; a server's token is the safer credential.
+before any job starts (`check_env`): the jobs would record elsewhere than the sweep's parent.
+
+A secret never travels in the runtime environment: Ray writes a task's runtime environment, values
+included, to every node's ``runtime_env_agent.log`` (readable by all) and keeps it in its cluster state.
+`split_secrets` keeps the variables that are secret (a secret name, `tamrun.redact.secret_name`:
+``MLFLOW_TRACKING_PASSWORD``, ``MLFLOW_TRACKING_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ...; or a value that
+holds one, a URI with a password) apart: the launcher hands them to the task as an argument, and the task
+sets them in its own environment before its job starts (`tamrun.ray_jobs.run_job_in_ray`).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 from tamrun.errors import ConfigError
 from tamrun.run_folder import RUN_TAG
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted, secret_name
 from tamrun.tracking.sweep_files import SWEEP_ENV
 
 MLFLOW_PREFIX = "MLFLOW_"
@@ -51,6 +56,17 @@ def job_env(tracking: Mapping[str, Any]) -> Dict[str, str]:
     return env
 
 
+def split_secrets(env: Mapping[str, str]) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """(the variables of ``env`` that may travel in a runtime environment, the secret ones): a variable is
+    secret when its name is (`tamrun.redact.secret_name`) or its value holds a secret (`redacted` changes
+    it)."""
+    public: Dict[str, str] = {}
+    secret: Dict[str, str] = {}
+    for name, value in env.items():
+        (secret if secret_name(name) or redacted(value) != value else public)[name] = value
+    return public, secret
+
+
 def given_env(options: Mapping[str, Any]) -> Dict[str, str]:
     """The ``env_vars`` of a ``ray.init`` or ``ray.remote`` option set's ``runtime_env``."""
     return {str(k): str(v) for k, v in ((options.get("runtime_env") or {}).get("env_vars") or {}).items()}
@@ -62,9 +78,9 @@ def check_env(tracking: Mapping[str, Any], init: Mapping[str, Any], remote: Mapp
     for where, options in (("hydra.launcher.ray.remote", remote), ("hydra.launcher.ray.init", init)):
         for name, value in given_env(options).items():
             if tracking_variable(name, tracking) and shell.get(name) != value:
-                ours = f"{name}={masked(shell[name])!r}" if name in shell else f"no {name}"
+                ours = f"{name}={redacted(shell[name])!r}" if name in shell else f"no {name}"
                 raise ConfigError(
-                    f"{where}.runtime_env.env_vars.{name}", masked(value),
+                    f"{where}.runtime_env.env_vars.{name}", redacted(value),
                     f"the launching shell has {ours}, with which the sweep's parent run is recorded: the jobs "
                     "would record elsewhere (tamrun hands every job the shell's tracking variables)",
                     f"remove {name} from {where}.runtime_env, or export {name} with that value before launching")

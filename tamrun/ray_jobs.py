@@ -18,11 +18,14 @@ SIGINT while the jobs run cancels them (their runs KILLED) and ends the command 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import os
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
@@ -35,16 +38,41 @@ log = logging.getLogger(__name__)
 
 
 def run_job_in_ray(hydra_context: Any, sweep_config: DictConfig, task_function: Any,
-                   singleton_state: Dict[Any, Any], cwd: str = "") -> JobReturn:
-    """One job inside its Ray task: in the launching folder ``cwd`` when this node has it (relative paths
-    of the config mean what they meant there), Hydra's state restored, then Hydra's ``run_job``."""
+                   singleton_state: Dict[Any, Any], cwd: str = "",
+                   secret_env: Optional[Dict[str, str]] = None) -> JobReturn:
+    """One job inside its Ray task: the launching shell's secret variables set (``secret_env``, handed as an
+    argument, never in the runtime environment Ray logs: `tamrun.ray_env.split_secrets`), in the launching
+    folder ``cwd`` when this node has it (relative paths of the config mean what they meant there), Hydra's
+    state restored, then Hydra's ``run_job``."""
+    os.environ.update(secret_env or {})
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(sweep_config)
-    return run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
-                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    own = OwnLines(sys.stderr)
+    with contextlib.redirect_stderr(own):
+        result = run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
+                         job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    result.tamrun_lines = own.lines  # the launcher prints them: the worker's terminal is not this one
+    return result
+
+
+class OwnLines(io.TextIOBase):
+    """A stream that passes everything to ``stream`` and keeps tamrun's own lines (``tamrun: ...``, a job's
+    error), which a Ray job hands back to the launcher (`run_job_in_ray`)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.lines, self.partial = stream, [], ""
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        *done, self.partial = (self.partial + text).split("\n")
+        self.lines.extend(line for line in done if line.startswith("tamrun:"))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def job_config(launcher: Any, overrides: Sequence[str], idx: int) -> DictConfig:
@@ -62,23 +90,23 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     """Submit every job as a Ray task, then collect each (module doc)."""
     import ray
 
-    from tamrun.ray_env import job_env, remote_options
+    from tamrun.ray_env import job_env, remote_options, split_secrets
 
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     prepare(launcher.config)
-    env = job_env(launcher.config.get("tracking") or {})
+    env, secret_env = split_secrets(job_env(launcher.config.get("tracking") or {}))
     remote = ray.remote(**remote_options(options(launcher.config, "remote"), env))(run_job_in_ray)
     log.info("Ray cluster launcher: %d job(s), %s each; from this shell: %s", len(job_overrides),
-             dict(launcher.ray_cfg.remote or {}), ", ".join(sorted(env)))
+             dict(launcher.ray_cfg.remote or {}), ", ".join(sorted({**env, **secret_env})))
     submitted = []
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
         log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
         config = job_config(launcher, overrides, idx)
         ref = remote.remote(hydra_context=launcher.hydra_context, sweep_config=config,
                             task_function=launcher.task_function, singleton_state=Singleton.get_state(),
-                            cwd=os.getcwd())
+                            cwd=os.getcwd(), secret_env=secret_env)
         submitted.append((idx, list(overrides), config, ref))
     return collect_all(ray, submitted)
 
@@ -115,7 +143,24 @@ def collect(ray: Any, idx: int, overrides: List[str], config: DictConfig, ref: A
         return nan_result(config, overrides)
     if result.status == JobStatus.FAILED:  # Hydra's run_job caught an error the job did not name
         return failed(config, idx, overrides, result._return_value)
+    said(idx, config, result)
     return result
+
+
+def said(idx: int, config: DictConfig, result: JobReturn) -> None:
+    """Job ``idx``'s end, said once by the launcher, in job order (Ray's forwarding of the workers' own lines
+    is off: `log_to_driver` in conf/hydra/launcher/ray_cluster.yaml): the job's own tamrun lines (its
+    error), then its objective and where its log is."""
+    from tamrun.numbers import significant
+    from tamrun.tracking.sweep import objective_name
+
+    for line in getattr(result, "tamrun_lines", []):
+        log.error("sweep job #%d: %s", idx, line)
+    value = result.return_value
+    folder = result.hydra_cfg.hydra.runtime.output_dir if getattr(result, "hydra_cfg", None) else config.hydra.sweep.dir
+    state = f"{objective_name(config)}={significant(value)}" if isinstance(value, float) and math.isfinite(value) \
+        else "did not finish"
+    log.info("sweep job #%d: %s (its log: %s)", idx, state, Path(str(folder)) / "tamrun.log")
 
 
 def failed(config: DictConfig, idx: int, overrides: List[str], error: BaseException) -> JobReturn:

@@ -27,7 +27,7 @@ from tamrun.jobs.record import record_inputs
 from tamrun.jobs.result import RunResult
 from tamrun.pipeline import DTYPES
 from tamrun.threads import applied_wait_policy
-from tamrun.tracking.mlflow_run import TrackedRun
+from tamrun.tracking.mlflow_run import TrackedRun, close_stale_runs_of
 from tamrun.tracking.params import experiment_params
 from tamrun.tracking import run_names
 from tamrun.tracking.sweep import objective_name
@@ -61,6 +61,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     torch.manual_seed(config.seed)
     if config.mode.name == ModeName.plan:
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
+        close_stale_runs_of(config.tracking, "mode=plan")  # the store it would record in, if it exists
         with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
             return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded))
     name = run_name or plain_run_name(config, overrides)

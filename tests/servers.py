@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -77,8 +77,8 @@ class MlflowServer:
     """`mlflow server` on 127.0.0.1 over ``backend`` (a database URI) with artifacts served from
     ``artifacts``; its process group is stopped by `stop` (a signal to the whole group)."""
 
-    def __init__(self, backend: str, artifacts: Path, log: Path, workers: int = 2) -> None:
-        self.backend, self.artifacts, self.log, self.workers = backend, artifacts, log, workers
+    def __init__(self, backend: str, artifacts: Path, log: Path, workers: int = 2, extra: Sequence[str] = ()) -> None:
+        self.backend, self.artifacts, self.log, self.workers, self.extra = backend, artifacts, log, workers, list(extra)
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.process: Optional[subprocess.Popen] = None
@@ -88,7 +88,7 @@ class MlflowServer:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend, "--serve-artifacts",
                  "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
-                 "--workers", str(self.workers)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                 "--workers", str(self.workers), *self.extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, **TRACKING_ONLY})
         deadline = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < deadline:

@@ -281,7 +281,7 @@ CASES = [
          ["data.path=", "nope.csv", "no such file", "Fix:"], True),
     Case("data path is a folder", ["data=csv", "data.path={tmp}", "model=spline"],
          ["data.path=", "a folder, not a file"], True),
-    Case("unreadable file", [], ["data.path=", "cannot be read as CSV"], True, csv=True,
+    Case("unreadable file", [], ["data.encoding='utf-8'", "is not utf-8 text", "set data.encoding"], True, csv=True,
          raw=b"\xff\xfe\x00\x81garbage\x00\xc3\x28\n\x9f\x92\x96\n"),
     Case("empty file", [], ["data.path=", "the file is empty"], True, csv=True, raw=b""),
     Case("header only", [], ["data.path=", "no rows"], True, csv=True, raw=b"date,x,dow,g,y\n"),

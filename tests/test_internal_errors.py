@@ -210,13 +210,15 @@ def test_every_tamrun_exception_pickles_to_the_same_error():
     from tamrun.errors import Abort
     from tamrun.memory.tracker import BudgetExceeded
     from tamrun.placement import PlacementError
+    from tamrun.tracking.model_state import ModelStateError
     from tamrun.tracking.signals import Terminated
 
     fields = ("model.effects.toy.m", -2, "must be at least 1", "set model.effects.toy.m=8")
     samples = {error: error(*fields) for error in (ConfigError, DataError, DeviceError, MemoryBudgetError,
                                                   NumericalError, FilesystemError, TamrunError)}
     samples.update({Terminated: Terminated(signal.SIGTERM), BudgetExceeded: BudgetExceeded("2 GiB over the budget"),
-                    PlacementError: PlacementError("mixed devices"), Abort: Abort(ConfigError(*fields))})
+                    PlacementError: PlacementError("mixed devices"), Abort: Abort(ConfigError(*fields)),
+                    ModelStateError: ModelStateError("not a model state tamrun wrote")})
     assert set(tamrun_exceptions().values()) == set(samples), "an exception class without a sample here"
     for kind, original in samples.items():
         original.run_open = True  # an attribute a job sets on its error (tamrun.tracking.mlflow_run)

@@ -13,6 +13,7 @@ or experiment that does not exist, a filter MLflow cannot parse or one that name
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -23,12 +24,15 @@ DEFAULT_COUNT = 20
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     from tamrun.config.schema import TrackingConfig
-    from tamrun.tracking.mlflow_run import default_tracking_uri
+    from tamrun.tracking.mlflow_run import tracking_uri
 
     parser = argparse.ArgumentParser(prog="python -m tamrun.compare", description=__doc__.splitlines()[0])
-    parser.add_argument("--store", default=default_tracking_uri(),
-                        help="the MLflow store (default: the one python -m tamrun writes here, outputs/mlflow.db)")
-    parser.add_argument("--experiment", default=TrackingConfig.experiment, help="the experiment (default: %(default)s)")
+    parser.add_argument("--store", default=tracking_uri(TrackingConfig()),
+                        help="the MLflow store (default: the one python -m tamrun writes to from here: "
+                             "MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
+    parser.add_argument("--experiment", default=os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
+                        or TrackingConfig.experiment, help="the experiment (default: MLFLOW_EXPERIMENT_NAME when set, "
+                        "else %(default)s)")
     parser.add_argument("-n", "--last", type=int, default=DEFAULT_COUNT, help="how many runs (default: %(default)s)")
     parser.add_argument("--sweep", help="a sweep's jobs: its id (the sweep_id tag) or 'last'")
     parser.add_argument("--filter", default="", help="MLflow's search syntax, e.g. \"metrics.rmse_test < 1700\"")
@@ -36,24 +40,35 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def open_store(store: str):
-    """A client on ``store``: a sqlite file must exist (it would otherwise be created empty)."""
+    """A client on ``store``: a sqlite file must exist (it would otherwise be created empty); the runs a
+    lost process left RUNNING on this host are marked KILLED (`tamrun.tracking.stale`)."""
     from tamrun.config.schema import TrackingConfig
-    from tamrun.tracking.store import check_store, open_client, sqlite_path
+    from tamrun.tracking.stale import close_stale_in_store
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tamrun.tracking.store import check_store, open_client, sqlite_path, store_error
 
     db = sqlite_path(store)
     if db is not None and not db.is_file():
         raise ConfigError("--store", store, f"no MLflow store at {db}",
                           "run python -m tamrun here first, or pass --store with the store's URI")
     settings = TrackingConfig()
-    check_store(store, settings.connect_timeout_s)
-    return open_client(store, settings.busy_timeout_s, settings.lock_timeout_s)
+    check_store(store, settings.connect_timeout_s, "--store")
+    try:
+        client = open_client(store, settings.busy_timeout_s, settings.lock_timeout_s)
+    except (MlflowException, SQLAlchemyError) as exc:  # a store MLflow cannot open: named, not a traceback
+        reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
+        raise store_error(store, reason, settings.busy_timeout_s, "--store") from None
+    close_stale_in_store(client, "python -m tamrun.compare")
+    return client
 
 
 def report(args: argparse.Namespace) -> str:
     """The table and the links, for the options ``args``."""
     from tamrun.compare.select import check_filter, last_runs, sweep_runs
     from tamrun.compare.table import render
-    from tamrun.tracking.secrets import masked
+    from tamrun.redact import redacted
     from tamrun.tracking.ui_view import runs_table_url, ui_base
 
     if args.last < 1:
@@ -61,7 +76,7 @@ def report(args: argparse.Namespace) -> str:
     client = open_store(args.store)
     experiment = client.get_experiment_by_name(args.experiment)
     if experiment is None:
-        raise ConfigError("--experiment", args.experiment, f"the store {masked(args.store)} has no such experiment",
+        raise ConfigError("--experiment", args.experiment, f"the store {redacted(args.store)} has no such experiment",
                           "pass --experiment with the name tracking.experiment had (default tamrun)")
     exp_id = experiment.experiment_id
     if args.filter:
@@ -70,25 +85,27 @@ def report(args: argparse.Namespace) -> str:
     chosen = (sweep_runs(client, exp_id, args.sweep, args.filter) if args.sweep
               else last_runs(client, exp_id, args.last, args.filter))
     what = f"the jobs of sweep {chosen.sweep_id}" if args.sweep else f"the last {len(chosen.runs)} run(s)"
-    lines = [f"{what} of experiment {args.experiment!r} in {masked(args.store)}"
+    lines = [f"{what} of experiment {args.experiment!r} in {redacted(args.store)}"
              + (f" matching {args.filter!r}" if args.filter else "") + ":", "", render(chosen.runs), ""]
-    where = "" if args.store.startswith("http") else f" (mlflow ui --backend-store-uri {masked(args.store)})"
-    lines.append(f"open them in the MLflow UI{where}: {masked(runs_table_url(args.store, exp_id))}")
+    where = "" if args.store.startswith("http") else f" (mlflow ui --backend-store-uri {redacted(args.store)})"
+    lines.append(f"open them in the MLflow UI{where}: {redacted(runs_table_url(args.store, exp_id))}")
     if chosen.parent is not None:
         lines.append(f"the sweep's parent run (its jobs nest under it): "
-                     f"{masked(ui_base(args.store))}/#/experiments/{exp_id}/runs/{chosen.parent.info.run_id}")
+                     f"{redacted(ui_base(args.store))}/#/experiments/{exp_id}/runs/{chosen.parent.info.run_id}")
     return "\n".join(lines)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Print the report; bad input exits 2 with one line."""
+    from tamrun.redact import redacted
+
     args = parse_args(argv)
     try:
         text = report(args)
     except TamrunError as error:
         sys.stderr.write(error.report_line())
         raise SystemExit(2) from None
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(redacted(text) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ so that every default is written once, in `tamrun/config/schema.py`.
 
 from __future__ import annotations
 
+import codecs
 import math
 import re
 from typing import Any, List, Mapping
 
 from tamrun.config.ranges import SETTINGS, check_numbers, check_size, cli_text
 from tamrun.config.schema import AdaptiveMethod, Config, DataSource, DType, ModeName, PenaltyMode, schema_default
+from tamrun.data.expr import parse_expression
 from tamrun.errors import ConfigError
 
 _DERIVED_KINDS = ("time_index", "isin", "expr")
@@ -110,6 +112,14 @@ def _check_hw(cfg: Config) -> None:
 def _check_data(cfg: Config) -> None:
     _require(cfg.data.source != DataSource.file or bool(cfg.data.path), "data.path", cfg.data.path,
              "data.source=file needs the path of a CSV file", "set data.path=/path/to/file.csv")
+    _require(len(cfg.data.delimiter) == 1 and cfg.data.delimiter not in "\"\r\n", "data.delimiter",
+             cfg.data.delimiter, "the column separator must be one character (not a quote or a line end)",
+             "set data.delimiter=',' (or ';', '\\t', '|')")
+    try:
+        codecs.lookup(cfg.data.encoding)
+    except LookupError:
+        raise ConfigError("data.encoding", cfg.data.encoding, "not a text encoding Python knows",
+                          "set data.encoding=utf-8 (or latin-1, cp1252, utf-16, ...)") from None
     for name, derived in cfg.data.derived.items():
         field = f"data.derived.{name}"
         _require(derived.kind in _DERIVED_KINDS, f"{field}.kind", derived.kind, "unknown derived-column kind",
@@ -120,6 +130,7 @@ def _check_data(cfg: Config) -> None:
         if derived.kind == "expr":
             _require(bool(derived.expr), f"{field}.expr", derived.expr, "an expr column needs an expression",
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
+            parse_expression(f"{field}.expr", derived.expr)  # settings are data: no code before any data
 
 
 def _check_adaptive(cfg: Config) -> None:

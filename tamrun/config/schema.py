@@ -147,7 +147,8 @@ class DerivedColumn:
 
     kind ``time_index``: (date - first training date) in units of ``unit`` (a pandas offset such as
     ``D`` or ``h``); kind ``isin``: 1.0 where ``column`` takes one of ``values``, else 0.0;
-    kind ``expr``: ``pandas.DataFrame.eval(expr)``.
+    kind ``expr``: arithmetic and comparisons on columns and literals (``(temp_f - 32) / 1.8``,
+    ``dow >= 5``), checked against an allow-list before it is evaluated (`tamrun.data.expr`).
     """
 
     kind: str = MISSING
@@ -164,6 +165,10 @@ class DataConfig:
     source: DataSource = DataSource.embedded
     path: Optional[str] = None
     date_column: str = "date"
+    # The file's column separator (one character: "," ";" "\t" "|") and its text encoding (Python's name:
+    # utf-8, latin-1, cp1252, utf-16, ...); a file that does not match is named with the fix (tamrun/data/file_kind.py).
+    delimiter: str = ","
+    encoding: str = "utf-8"
     # The dates' format: strftime codes (e.g. "%d/%m/%Y %H:%M") or "ISO8601"; None: the format of the
     # file's first date (ISO 8601 when it starts with the year), the same for every row.
     date_format: Optional[str] = None

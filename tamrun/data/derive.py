@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-import re
 from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 import pandas as pd
 
 from tamrun.config.schema import DerivedColumn
+from tamrun.data.expr import evaluate, names, parse_expression
 from tamrun.errors import DataError
 
 
@@ -19,7 +19,8 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
     existing columns are shared, copy-on-write, not copied).
 
     ``time_index``: (date - origin) / unit, a float (origin: the frame's first date unless given);
-    ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: ``frame.eval(expr)`` as float.
+    ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: the expression's value as float
+    (`tamrun.data.expr`: arithmetic and comparisons on columns and literals, checked before it is evaluated).
     """
     out = frame.copy(deep=False)
     for name, spec in derived.items():
@@ -37,24 +38,21 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
                                 f"use one of: {', '.join(map(str, out.columns))}")
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
         else:  # expr (kinds are checked by tamrun.config.checks)
-            try:
-                out[name] = pd.to_numeric(out.eval(spec.expr)).astype(np.float64)
-            except Exception as exc:  # pandas raises many types for a bad expression
-                raise DataError(f"{field}.expr", spec.expr, f"the expression cannot be evaluated ({exc})",
-                                "write a pandas expression over existing columns, e.g. 'day_type_week >= 5'") from None
+            out[name] = evaluate(f"{field}.expr", spec.expr, out)
     return out
 
 
 def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str], Set[str]]:
     """The file columns the derived columns read: (config field -> column of each ``isin``, which
-    must exist; the names an ``expr`` mentions, which are read when they are columns)."""
+    must exist; the names an ``expr`` mentions, which are read when they are columns). An expression
+    that is not allowed is refused here, before any data is read (`tamrun.data.expr.parse_expression`)."""
     required: Dict[str, str] = {}
     mentioned: Set[str] = set()
     for name, spec in derived.items():
         if spec.kind == "isin" and spec.column:
             required[f"data.derived.{name}.column"] = spec.column
         elif spec.kind == "expr" and spec.expr:
-            mentioned.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", spec.expr))
+            mentioned.update(names(parse_expression(f"data.derived.{name}.expr", spec.expr)))
     return required, mentioned
 
 

@@ -6,12 +6,14 @@ import logging
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import pandas as pd
 
 from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.dates import FileDates
+from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, decode_problem, excerpt, header_problem, regular_file,
+                                    sniff)
 from tamrun.errors import DataError, os_reason
 
 log = logging.getLogger(__name__)
@@ -25,45 +27,49 @@ def embedded_path() -> Path:
 
 
 def table_path(cfg: DataConfig) -> Path:
-    """The CSV the config names (data.path, or the embedded dataset); `DataError` if it is not a file."""
+    """The CSV the config names (data.path, or the embedded dataset); `DataError` if it is not a regular
+    file, saying what it is (`tamrun.data.file_kind.regular_file`)."""
     path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
-    try:
-        is_dir, is_file = path.is_dir(), path.is_file()
-    except OSError as exc:  # e.g. a name longer than the file system allows
-        raise DataError("data.path", str(path), f"the path cannot be used ({os_reason(exc)})",
-                        "point data.path at an existing CSV file") from None
-    if is_dir:
-        raise DataError("data.path", str(path), "a folder, not a file", "point data.path at a CSV file inside it")
-    if not is_file:
-        raise DataError("data.path", str(path), "no such file", "point data.path at an existing CSV file")
-    return path
+    return regular_file(path)
 
 
 # What reading a CSV (optionally .gz) raises for a file that is not one: EOFError and zlib.error are a
 # truncated or corrupt .gz.
 READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError)
+LONGEST_REASON = 200  # characters of a reader's message an error quotes (it may quote the file)
 
 
-def unreadable(path: Path, exc: BaseException) -> DataError:
-    """The `DataError` for a file that cannot be read as CSV."""
-    reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
+def unreadable(path: Path, exc: BaseException, cfg: DataConfig) -> DataError:
+    """The `DataError` for a file that cannot be read as CSV: not in data.encoding (`decode_problem`), or
+    the reader's reason, cut short (it may quote a line of the file; the error redacts it)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return decode_problem(path, exc, cfg.encoding)
+    reason = os_reason(exc) if isinstance(exc, OSError) else str(exc).strip()
+    reason = reason if len(reason) <= LONGEST_REASON else reason[:LONGEST_REASON] + "..."
     return DataError("data.path", str(path), f"the file cannot be read as CSV ({reason})",
-                     "give a readable CSV file (optionally .gz)")
+                     "give a readable CSV file (optionally compressed: .gz, .bz2, .xz, .zst, .zip)")
 
 
-def read_header(path: Path) -> List[str]:
+def csv_options(path: Path, cfg: DataConfig) -> Dict[str, Any]:
+    """pandas' reading options for ``path``: the delimiter and encoding of the config, the compression its
+    content shows (`tamrun.data.file_kind.sniff`, which refuses a format that is not a CSV)."""
+    return {"sep": cfg.delimiter, "encoding": cfg.encoding, "compression": sniff(path)}
+
+
+def read_header(path: Path, cfg: DataConfig) -> List[str]:
     """The file's column names, none named twice (pandas would rename the copies, and a setting could
     read the wrong one). `DataError` naming data.path otherwise."""
     try:
-        header = [str(name) for name in pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].tolist()]
+        header = [str(name) for name in pd.read_csv(path, header=None, nrows=1, dtype=str,
+                                                    **csv_options(path, cfg)).iloc[0].tolist()]
     except pd.errors.EmptyDataError:
         raise DataError("data.path", str(path), "the file is empty", "give a CSV with a header and rows") from None
     except READ_ERRORS as exc:
-        raise unreadable(path, exc) from None
+        raise unreadable(path, exc, cfg) from None
     repeated = sorted({name for name in header if header.count(name) > 1}, key=str)
     if repeated:
-        raise DataError("data.path", str(path), f"the header names column(s) {repeated} more than once (pandas "
-                        "would rename the copies and a setting could read the wrong one)",
+        raise DataError("data.path", str(path), f"the header names column(s) {[name[:EXCERPT_CHARS] for name in repeated[:EXCERPT_NAMES]]} more than once "
+                        "(pandas would rename the copies and a setting could read the wrong one)",
                         "give every column a distinct name")
     return header
 
@@ -83,8 +89,12 @@ def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
         column is absent/unparseable.
     """
     path = table_path(cfg)
-    header = read_header(path)
-    require_columns(pd.DataFrame(columns=header), {"data.date_column": cfg.date_column, **(required or {})})
+    header = read_header(path, cfg)
+    needed = {"data.date_column": cfg.date_column, **(required or {})}
+    split_wrong = header_problem(path, header, cfg.delimiter)
+    if split_wrong is not None and any(column not in header for column in needed.values()):
+        raise split_wrong
+    require_columns(pd.DataFrame(columns=header), needed)
     wanted = None if required is None else {cfg.date_column, *required.values(), *optional}
     frame = read_rows(path, None if wanted is None else [c for c in header if c in wanted], cfg, room)
     if frame.empty:
@@ -102,7 +112,7 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
     last one), and for joining them."""
     parts, dropped, rows, last, held, dates = [], 0, 0, 0, 0, FileDates(cfg)
     try:
-        with pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows) as reader:
+        with pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows, **csv_options(path, cfg)) as reader:
             while True:
                 room(f"parsing the data (rows {rows + 1}-{rows + cfg.read_chunk_rows})", "read", last)
                 block = next(reader, None)
@@ -115,7 +125,7 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
                 last = frame_bytes(block)
                 held += last
     except READ_ERRORS as exc:
-        raise unreadable(path, exc) from None
+        raise unreadable(path, exc, cfg) from None
     if dropped:
         log.warning("dropping %d row(s) without a date in column %r (data.nan_policy=drop)", dropped, cfg.date_column)
     room("joining and sorting the data", "join", held)
@@ -131,8 +141,7 @@ def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
     """Check that every configured column exists; ``columns`` maps config field -> column name."""
     for field, column in columns.items():
         if column not in frame.columns:
-            raise DataError(field, column, "no such column in the data",
-                            f"use one of: {', '.join(map(str, frame.columns))}")
+            raise DataError(field, column, "no such column in the data", f"use one of: {excerpt(frame.columns)}")
 
 
 def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:

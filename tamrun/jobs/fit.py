@@ -15,13 +15,14 @@ import torch
 
 from tamrun.config.schema import DataConfig
 from tamrun.data.batch import GroupedBatch
-from tamrun.evaluate import predictions_table, require_finite, require_plausible, scored, split_scores
+from tamrun.evaluate import (predictions_table, require_finite, require_plausible, require_supported, scored,
+                             split_scores)
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
 from tamrun.memory.profiler import PhaseRecorder
 from tamrun.numbers import significant
-from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve
+from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve, support_fix
 from tamrun.progress import ChunkProgress, IterationProgress
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -53,6 +54,8 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         require_finite(metrics, "a forecast metric", numerical_fix(config))
         require_plausible({name: predicted for name, (_, predicted) in scores.items()}, metrics, scores["train"][0],
                           numerical_fix(config))
+        require_supported({split.name: (split.batch, split.predicted) for split in splits if split.name != "train"},
+                          fit.train, fit.model.coef.shape[1], support_fix(config))
     metrics.update(run_metrics(prepared, fit))
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
                                                                     ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))

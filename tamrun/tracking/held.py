@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from tamrun.errors import error_kind
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted
 from tamrun.tracking.sweep_files import (held_folder, read_json, read_sweep_file, started_jobs, sweep_home,
                                          write_json)
 from tamrun.tracking.sweep_summary import SWEEP_ID_TAG, SWEEP_JOB_TAG, close_sweep
@@ -51,7 +51,7 @@ class HeldRun:
 
 def error_tags(error: BaseException, kind: Optional[str] = None) -> Dict[str, str]:
     """The tags a run ended by ``error`` has (``error_type``, ``error``, ``error_kind``)."""
-    return {"error_type": type(error).__name__, "error": masked(str(error))[:5000],
+    return {"error_type": type(error).__name__, "error": redacted(str(error))[:5000],
             "error_kind": kind or error_kind(error)}
 
 
@@ -63,9 +63,9 @@ def hold_job(sweep_dir: str, job: int, run_name: str, tags: Dict[str, str], reas
     if not info.get("sweep_id") or not info.get("experiment_id"):
         log.warning("job %d could not be recorded, and there is no sweep to hold it for (%s)", job, reason)
         return None
-    text = masked(str(reason)).strip().splitlines()
+    text = redacted(str(reason)).strip().splitlines()
     why = f"{text[0][:300] if text else type(reason).__name__} ({time.strftime('%Y-%m-%d %H:%M:%S %z')})"
-    record = HeldRun(job, info["sweep_id"], info["experiment_id"], run_name, {k: masked(str(v)) for k, v in tags.items()},
+    record = HeldRun(job, info["sweep_id"], info["experiment_id"], run_name, {k: redacted(str(v)) for k, v in tags.items()},
                      why, **fields)
     path = held_folder(sweep_home(sweep_dir, info["sweep_id"])) / f"job-{job}-{os.getpid()}-{record.time_ms}.json"
     write_json(path, dataclasses.asdict(record))
@@ -120,5 +120,5 @@ def upload_folder(client: Any, folder: Path) -> int:
 
 def hold_sweep_end(folder: Path, info: Dict[str, Any], aborted: bool) -> None:
     """Hold the sweep's end (its parent's summary and status) in its held folder."""
-    write_json(folder / SWEEP_END, {"info": {**info, "tracking_uri": masked(info.get("tracking_uri", ""))},
+    write_json(folder / SWEEP_END, {"info": {**info, "tracking_uri": redacted(info.get("tracking_uri", ""))},
                                     "aborted": aborted})

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import psutil
 
 from tamrun.tracking.held import upload_folder
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted
 from tamrun.tracking.sweep_files import read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def upload_claimed(client: Any, folder: Path) -> int:
 def list_waiting(spool: Path, folder: Path, uri: str) -> Path:
     """List ``folder`` in the spool as waiting for the store at ``uri``; returns the spool's file."""
     entry = spool / f"{hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:16]}.json"
-    write_json(entry, {"store": masked(uri), "folder": str(folder.resolve())})
+    write_json(entry, {"store": redacted(uri), "folder": str(folder.resolve())})
     return entry
 
 
@@ -102,7 +102,7 @@ def upload_waiting(client: Any, uri: str, spool: Path) -> int:
     for entry in sorted(spool.glob("*.json")) if spool.is_dir() else []:
         listed = read_json(entry)
         folder = Path(listed.get("folder", ""))
-        if listed.get("store") == masked(uri):
+        if listed.get("store") == redacted(uri):
             written += upload_claimed(client, folder)
         if not folder.exists() and not list(folder.parent.glob(f"{folder.name}{CLAIM}*")):
             entry.unlink(missing_ok=True)  # nothing left to write (or its folder removed): off the list

@@ -8,7 +8,7 @@ FINISHED on success, FAILED on any exception (with the error as tags: ``error_ty
 A signal never lands inside a store call (`tamrun.tracking.signals.signals_deferred`): one during the
 run's creation ends the created run KILLED, one while its end is written makes that end KILLED.
 Every run logs its log as the artifact ``logs/run.log`` (with the traceback when it failed).
-Params, tags and text artifacts pass through `tamrun.tracking.secrets.masked`: a password in a URI
+Params, tags and text artifacts pass through `tamrun.redact.redacted`: a password in a URI
 (``postgresql://user:password@host/db``) is written as ``***``.
 """
 
@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import INTERRUPTED, ConfigError, FilesystemError, TamrunError, error_kind
@@ -29,11 +29,13 @@ from tamrun.tracking.held_spool import spool_dir, upload_waiting
 from tamrun.tracking.params import to_params
 from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numbered
 from tamrun.tracking.runlog import RunLog
-from tamrun.tracking.secrets import env_uri, masked
+from tamrun.redact import redacted, redacted_value
+from tamrun.tracking.secrets import env_uri
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
-from tamrun.tracking.stale import close_stale_runs, process_tags
-from tamrun.tracking.store import (artifact_place, check_artifact_location, check_store, experiment_id,
-                                  local_folder, open_client, retry_on_conflict, sqlite_path, store_error, store_place)
+from tamrun.tracking.stale import close_stale_in_store, process_tags
+from tamrun.tracking.store import (active_experiment, artifact_place, check_artifact_location, check_store,
+                                  experiment_id, local_folder, open_client, retry_on_conflict, sqlite_path, store_error,
+                                  store_place)
 from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
 from tamrun.tracking.worker import ray_worker_tags
 
@@ -59,6 +61,59 @@ def tracking_uri(cfg: TrackingConfig) -> str:
     if cfg.uri_env:
         return env_uri(cfg.uri_env)
     return os.environ.get(MLFLOW_URI_ENV, "").strip() or default_tracking_uri()
+
+
+EXPERIMENT_NAME_ENV, EXPERIMENT_ID_ENV = "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"
+
+
+def experiment_choice(cfg: TrackingConfig) -> Tuple[str, Optional[str], str]:
+    """(experiment name, experiment id, the setting that chose them), as MLflow picks an experiment:
+    ``tracking.experiment`` when it is not the default; else MLflow's variables, ``MLFLOW_EXPERIMENT_NAME``
+    (with ``MLFLOW_EXPERIMENT_ID``, if set, required to be its id), else ``MLFLOW_EXPERIMENT_ID`` alone
+    (name ""); else the default name."""
+    if cfg.experiment != TrackingConfig.experiment:
+        return cfg.experiment, None, "tracking.experiment"
+    name = os.environ.get(EXPERIMENT_NAME_ENV, "").strip()
+    wanted = os.environ.get(EXPERIMENT_ID_ENV, "").strip() or None
+    if name:
+        return name, wanted, EXPERIMENT_NAME_ENV
+    if wanted:
+        return "", wanted, EXPERIMENT_ID_ENV
+    return cfg.experiment, None, "tracking.experiment"
+
+
+def experiment_by_id(client: Any, wanted: str) -> Any:
+    """The experiment of id ``wanted`` (MLFLOW_EXPERIMENT_ID); one the store lacks is a `ConfigError`."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_experiment(wanted)
+    except MlflowException:
+        raise ConfigError(EXPERIMENT_ID_ENV, wanted, "the store has no experiment of this id",
+                          f"unset {EXPERIMENT_ID_ENV} (or set {EXPERIMENT_NAME_ENV} or tracking.experiment), or give "
+                          "the id of an experiment of this store") from None
+
+
+def close_stale_runs_of(cfg: TrackingConfig, found_by: str) -> None:
+    """Mark KILLED the runs a lost process left RUNNING in the store ``cfg`` names, when that store exists
+    (a command that records nothing, ``mode=plan``, creates none; `tamrun.tracking.stale`). A store that
+    cannot be opened now is left as it is, with a warning: the command does not need it."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if not cfg.enabled:
+        return
+    try:
+        uri = tracking_uri(cfg)
+        db = sqlite_path(uri)
+        if db is not None and not db.is_file():
+            return
+        check_store(uri, cfg.connect_timeout_s)
+        client = open_client(uri, cfg.busy_timeout_s, cfg.lock_timeout_s)
+    except (TamrunError, MlflowException, SQLAlchemyError, OSError) as exc:
+        log.warning("could not open the store to look for runs left RUNNING by a lost process: %s", exc)
+        return
+    close_stale_in_store(client, found_by)
 
 
 def uri_setting(cfg: TrackingConfig) -> str:
@@ -94,9 +149,10 @@ class TrackedRun:
         self.cfg = cfg
         self.enabled = cfg.enabled
         self.uri = tracking_uri(cfg) if cfg.enabled else (cfg.uri or "")
-        if masked(self.uri) != self.uri:  # MLflow prints a run's link, password included, as the run ends
+        if redacted(self.uri) != self.uri:  # MLflow prints a run's link, password included, as the run ends
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.run_name = cfg.run_name or run_name
+        self.experiment_name = cfg.experiment  # the experiment the run went to (`experiment_choice`), once open
         self.tags = dict(tags)
         self.objective = objective
         self.number_reruns = number_reruns and not cfg.run_name
@@ -123,10 +179,10 @@ class TrackedRun:
                 self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self.runlog.start()
-        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.cfg.experiment, masked(self.uri))
+        log.info("MLflow run %s in experiment '%s' at %s", self.run_id, self.experiment_name, redacted(self.uri))
         log.info("compare runs in the MLflow UI%s: %s", "" if self.uri.startswith("http") else
-                 f" (mlflow ui --backend-store-uri {masked(self.uri)})",
-                 masked(runs_table_url(self.uri, self.experiment_id)))
+                 f" (mlflow ui --backend-store-uri {redacted(self.uri)})",
+                 redacted(runs_table_url(self.uri, self.experiment_id)))
         return self
 
     def start_detached(self) -> str:
@@ -164,9 +220,6 @@ class TrackedRun:
                 from None
 
     def _create(self) -> None:
-        from mlflow.exceptions import MlflowException
-        from sqlalchemy.exc import SQLAlchemyError
-
         self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
         self.experiment_id = self._experiment_id()
         experiment = self.client.get_experiment(self.experiment_id)
@@ -174,10 +227,10 @@ class TrackedRun:
         self.artifact_location = experiment.artifact_location
         ensure_runs_view(self.client, experiment, self.objective)
         tags = {**self.tags, **process_tags(), **ray_worker_tags()}
-        tags = {key: masked(str(value)) for key, value in tags.items()}
+        tags = {key: redacted_value(key, str(value)) for key, value in tags.items()}
         if self.number_reruns:
             tags[NAME_KEY_TAG] = name_key(self.run_name)
-        run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=redacted(self.run_name), tags=tags)
         self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
         if self.number_reruns:
             self._number_rerun(tags[NAME_KEY_TAG], run.info.start_time)
@@ -185,10 +238,7 @@ class TrackedRun:
             upload_waiting(self.client, self.uri, spool_dir(self.cfg.held_dir))
         except Exception as exc:  # housekeeping must not fail the run: the held runs wait for the next one
             log.warning("could not write the runs held for this store (%s); the next run tries again", exc)
-        try:
-            close_stale_runs(self.client, self.experiment_id, self.run_id)
-        except (MlflowException, SQLAlchemyError, OSError) as exc:  # housekeeping must not fail the run
-            log.warning("could not look for runs left RUNNING by a lost process: %s", exc)
+        close_stale_in_store(self.client, f"run {self.run_id}")
 
     def _number_rerun(self, key: str, start_time: int) -> None:
         """Number this run after the runs of the same name that started before it (`run_names.numbered`)."""
@@ -198,12 +248,24 @@ class TrackedRun:
             self.client.update_run(self.run_id, name=self.run_name)
 
     def _experiment_id(self) -> str:
+        """The run's experiment, as `experiment_choice` picks it: by name (created if absent), or by
+        MLFLOW_EXPERIMENT_ID alone (it must exist); both given, they must agree (as MLflow requires)."""
         db = sqlite_path(self.uri)
         root = self.cfg.artifact_root or (str(db.parent / "mlartifacts") if db else None)
         check_artifact_location(root)
         location = Path(root).resolve().as_uri() if root and "://" not in root else root
-        return experiment_id(self.client, self.uri, self.cfg.experiment, location, self.cfg.lock_timeout_s,
-                             EXPERIMENT_TAGS)
+        name, wanted, setting = experiment_choice(self.cfg)
+        if not name:
+            found = experiment_by_id(self.client, wanted)
+            self.experiment_name = found.name
+            return active_experiment(found, EXPERIMENT_ID_ENV)
+        self.experiment_name = name
+        found_id = experiment_id(self.client, self.uri, name, location, self.cfg.lock_timeout_s, EXPERIMENT_TAGS,
+                                 setting)
+        if wanted and wanted != found_id:
+            raise ConfigError(EXPERIMENT_ID_ENV, wanted, f"it names another experiment than {setting}={name!r} (id "
+                              f"{found_id})", f"unset {EXPERIMENT_ID_ENV}, or make the two name the same experiment")
+        return found_id
 
     def places(self) -> List[Place]:
         """The folders this run writes (its artifacts, the store, the temporary folder), for
@@ -250,9 +312,9 @@ class TrackedRun:
             refused.run_id, refused.run_open = self.run_id, True
             return refused
         reason = (getattr(error, "message", None) or str(error)).splitlines()[0][:300]
-        lost = ConfigError("tracking.uri", masked(self.uri),
+        lost = ConfigError("tracking.uri", redacted(self.uri),
                            f"the store stopped answering during run {self.run_id}, whose end could not be written "
-                           f"({masked(reason)})",
+                           f"({redacted(reason)})",
                            "check the URI and that the tracking server is up, then run again (the run left RUNNING "
                            "is closed KILLED by the next run on this host); tracking.connect_timeout_s bounds the "
                            "check before a run starts")
@@ -273,9 +335,9 @@ class TrackedRun:
         try:
             if exc is not None:
                 self.client.set_tag(self.run_id, "error_type", exc_type.__name__)
-                self.client.set_tag(self.run_id, "error", masked(str(exc))[:5000])
+                self.client.set_tag(self.run_id, "error", redacted(str(exc))[:5000])
                 self.client.set_tag(self.run_id, "error_kind", error_kind(exc))
-            self.client.log_text(self.run_id, masked(text), "logs/run.log")
+            self.client.log_text(self.run_id, redacted(text), "logs/run.log")
         except Exception as error:  # the store or artifact folder failed too: the status still matters
             log.error("could not record the error or the log of run %s: %s", self.run_id, error)
         if deferral.received is None:
@@ -285,8 +347,8 @@ class TrackedRun:
             self.client.set_tag(self.run_id, "error_kind", INTERRUPTED)
             self.client.set_terminated(self.run_id, status="KILLED")
             status = "KILLED"
-        log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, masked(self.uri),
-                 self.cfg.experiment)  # the run's last line: where it went
+        log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, redacted(self.uri),
+                 self.experiment_name)  # the run's last line: where it went
 
     # ---- logging ---------------------------------------------------------------------------------
     def log_params(self, tree: Any) -> None:
@@ -294,7 +356,7 @@ class TrackedRun:
             return
         from mlflow.entities import Param
 
-        params = [Param(k, masked(str(v))) for k, v in to_params(tree).items()]
+        params = [Param(k, redacted_value(k, str(v))) for k, v in to_params(tree).items()]
         for start in range(0, len(params), 100):  # MLflow's per-batch limit
             self.client.log_batch(self.run_id, params=params[start:start + 100])
 
@@ -327,7 +389,7 @@ class TrackedRun:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled:
             for key, value in tags.items():
-                self.client.set_tag(self.run_id, key, masked(str(value)))
+                self.client.set_tag(self.run_id, key, redacted_value(key, str(value)))
 
     def artifact(self, artifact_file: Optional[str] = None) -> Optional[Path]:
         """The local path of this run's artifact ``artifact_file`` (its artifact folder without it); None
@@ -338,7 +400,7 @@ class TrackedRun:
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.enabled:
             with writing(self.artifact(artifact_file)):
-                self.client.log_text(self.run_id, masked(text), artifact_file)
+                self.client.log_text(self.run_id, redacted(text), artifact_file)
 
     def log_json(self, data: Dict[str, Any], artifact_file: str) -> None:
         self.log_text(json.dumps(data, indent=2, default=str), artifact_file)

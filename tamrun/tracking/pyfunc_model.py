@@ -1,9 +1,11 @@
 """The fitted model as an MLflow 3 LoggedModel: ``mlflow.pyfunc.load_model("models:/<model_id>")``.
 
 The model is logged as code (`tamrun.tracking.pyfunc_code`, MLflow's models-from-code: no object is
-cloudpickled) plus one artifact, the pickled `tamrun.fitted.FittedModel` on the CPU: the design with
-its per-group feature ranges and each effect's state, the (G, D) coefficients, the group order and
-the data recipe (derived columns, the time index's origin, the date, target and group columns).
+cloudpickled) plus one artifact folder, the `tamrun.fitted.FittedModel` on the CPU as data
+(`tamrun.tracking.model_state`: its tensors in safetensors, the rest in JSON; loading it unpickles
+nothing): the design with its per-group feature ranges and each effect's state, the (G, D)
+coefficients, the group order and the data recipe (derived columns, the time index's origin, the date,
+target and group columns).
 
 Its input is the user's raw table: the group column, the effects' columns that are read from the
 file, and what the derived columns are computed from (the date for a time index, an ``isin``'s
@@ -16,7 +18,6 @@ The LoggedModel is linked to its run (the UI's Models column) and registered in 
 from __future__ import annotations
 
 import logging
-import pickle
 import tempfile
 import warnings
 from pathlib import Path
@@ -31,11 +32,12 @@ import tamrun
 from tamrun.filesystem import writing
 from tamrun.fitted import FittedModel
 from tamrun.placement import HOST
+from tamrun.tracking.model_state import load_state, save_state
 from tamrun.tracking.store import local_folder
 
 log = logging.getLogger(__name__)
 
-FITTED_ARTIFACT = "fitted"  # the pickled FittedModel, among the model's artifacts
+FITTED_ARTIFACT = "fitted"  # the FittedModel's state folder, among the model's artifacts
 CODE_FILE = Path(__file__).with_name("pyfunc_code.py")
 EXAMPLE_ROWS = 5
 
@@ -47,8 +49,7 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
         self.model = fitted
 
     def load_context(self, context: Any) -> None:
-        with open(context.artifacts[FITTED_ARTIFACT], "rb") as file:
-            self.model = pickle.load(file)
+        self.model = load_state(Path(context.artifacts[FITTED_ARTIFACT]))
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> np.ndarray:
         """One prediction per row of ``model_input`` (unseen groups or levels: `tamrun.errors.DataError`)."""
@@ -56,8 +57,10 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
 
 
 def requirements() -> List[str]:
+    import safetensors
+
     return [f"tamrun=={tamrun.__version__}", f"torch=={torch.__version__.split('+')[0]}",
-            f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}"]
+            f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}", f"safetensors=={safetensors.__version__}"]
 
 
 def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.DataFrame) -> str:
@@ -79,8 +82,8 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
             # MLflow hints that integer columns (groups, levels) cannot hold missing values; the model
             # refuses missing values anyway (tamrun.errors.DataError), so the hint only adds noise.
             warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer", category=UserWarning)
-            state = Path(tmp) / "fitted.pkl"
-            state.write_bytes(pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))
+            state = Path(tmp) / "fitted"
+            save_state(model, state)
             info = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=tracked.run_id,
                          model_id=logged.model_id)
             path = Path(tmp) / "model"

@@ -1,27 +1,13 @@
-"""Credentials in tracking URIs never reach the store, the logs or the config artifacts.
-
-A database or server URI may carry a password (``postgresql://user:password@host/db``). `masked`
-replaces the password of every such URI in a text by ``***`` (the user name stays: it tells whose
-store it is); `TrackedRun` passes every param, tag and text artifact through it, and the store's
-errors and log lines show URIs masked. `env_uri` reads the URI of ``tracking=server`` from an
-environment variable, so that it is never written in a config.
+"""A tracking URI kept out of the config: `env_uri` reads the URI of ``tracking=server`` from an
+environment variable, so that it is never written in a config (what is secret in a text, and its
+redaction wherever text leaves the process, is `tamrun.redact`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 from tamrun.errors import ConfigError
-
-MASK = "***"
-# scheme://user:password@ : the password is anything up to the last '@' before the host part.
-_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^\s/]*)@")
-
-
-def masked(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` replaced by ``***``."""
-    return _CREDENTIALS.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
 
 
 def env_uri(variable: str) -> str:

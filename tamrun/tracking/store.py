@@ -35,7 +35,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tamrun.errors import ConfigError
 from tamrun.filesystem import Place, filesystem_error
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted
 from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
 from tamrun.tracking.store_wait import StoreWatch, holders_text, lock_holders
 
@@ -82,10 +82,28 @@ DRIVER_PACKAGES = {"psycopg": "'tamrun[team]' (psycopg 3; or psycopg2-binary, wi
 DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
+def vanishing(uri: str) -> bool:
+    """Whether ``uri`` is a store that vanishes when the process ends: sqlite in memory (``sqlite://``,
+    ``sqlite:///:memory:``, ``sqlite:///file::memory:?...``, ``?mode=memory``), whatever the driver."""
+    scheme, _, rest = uri.partition("://")
+    if scheme.split("+")[0].lower() != "sqlite":
+        return False
+    path, _, query = rest.partition("?")
+    path = path[1:] if path.startswith("/") else path
+    return path in ("", ":memory:") or path.startswith(("file::memory:", ":memory:")) or \
+        "mode=memory" in query.lower()
+
+
 def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri") -> None:
-    """Fail fast: a sqlite file whose folder cannot be created or that is not a file (a `FilesystemError`
-    naming ``setting``); an http(s) server that does not answer a TCP connection within
-    ``connect_timeout_s`` (MLflow itself would retry for minutes)."""
+    """Fail fast: a store that vanishes when the process ends (`vanishing`: a `ConfigError` naming
+    ``setting``, the run would be reported saved and be nowhere); a sqlite file whose folder cannot be
+    created or that is not a file (a `FilesystemError` naming ``setting``); an http(s) server that does
+    not answer a TCP connection within ``connect_timeout_s`` (MLflow itself would retry for minutes)."""
+    if vanishing(uri):
+        raise ConfigError(setting, redacted(uri), "an in-memory store vanishes when the process ends: the run "
+                          "would be reported saved and recorded nowhere",
+                          f"use a store that lasts ({LOCAL_STORE}, a database or server URI), or "
+                          "tracking.enabled=false to record nothing")
     db = sqlite_path(uri)
     if db is not None:
         try:
@@ -102,23 +120,50 @@ def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri
 def check_answers(uri: str, connect_timeout_s: float) -> None:
     """Refuse, naming tracking.uri and tracking.connect_timeout_s, an http(s) server or a database
     server (postgresql://, mysql://, mssql://) that does not answer a TCP connection in time."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.split("+")[0]
-    if scheme in ("http", "https"):
-        port = parts.port or (443 if scheme == "https" else 80)
-    elif scheme in DATABASE_PORTS and parts.hostname:
-        port = parts.port or DATABASE_PORTS[scheme]
-    else:
+    scheme = urlsplit(uri).scheme.split("+")[0]
+    if scheme not in ("http", "https") and scheme not in DATABASE_PORTS:
+        return
+    host, port = server_address(uri, scheme)
+    if not host:
         return
     try:
-        socket.create_connection((parts.hostname, port), timeout=connect_timeout_s).close()
+        socket.create_connection((host, port), timeout=connect_timeout_s).close()
     except OSError as exc:
         what = "tracking server" if scheme.startswith("http") else "database server"
-        raise ConfigError("tracking.uri", masked(uri),
-                          f"the {what} {parts.hostname}:{port} does not answer within tracking.connect_timeout_s="
+        raise ConfigError("tracking.uri", redacted(uri),
+                          f"the {what} {host}:{port} does not answer within tracking.connect_timeout_s="
                           f"{connect_timeout_s:g} s ({exc})",
                           "check the URI and start the server, use a local store (tracking.uri=sqlite:///outputs/"
                           "mlflow.db), or set tracking.enabled=false") from None
+
+
+def server_address(uri: str, scheme: str) -> Tuple[Optional[str], int]:
+    """(host, port) of a server URI as its client reads it: a database's as SQLAlchemy does (its password
+    may hold '/', ':' or '?'), an http(s) server's as MLflow does (urllib: the host part ends at the first
+    '/'); a port that is not a number is a `ConfigError` on tracking.uri (a password's '/' cut the host
+    part there: the fix says to percent-encode it). The URI is shown redacted, the bad port only when no
+    password could be in it."""
+    if scheme in DATABASE_PORTS:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(uri)
+            return url.host, url.port or DATABASE_PORTS[scheme]
+        except (ArgumentError, ValueError) as exc:
+            raise ConfigError("tracking.uri", redacted(uri), f"not a database URL ({redacted(str(exc))})",
+                              f"write dialect://user:password@host:port/database, or use a local store "
+                              f"({LOCAL_STORE})") from None
+    parts = urlsplit(uri)
+    try:
+        return parts.hostname, parts.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        cut = "@" in uri.split("://", 1)[-1][len(parts.netloc):]  # a '/' of the password ended the host part
+        shown_port = "" if cut or "@" in parts.netloc else f" {parts.netloc.rpartition(':')[2]!r}"
+        raise ConfigError("tracking.uri", redacted(uri), f"the port{shown_port} is not a number"
+                          + (" (the password holds a '/', '?' or '#', which ends the host part of a URL)" if cut else ""),
+                          "percent-encode those characters of the password ('/' as %2F, '?' as %3F, '#' as %23, "
+                          "'@' as %40), or write the port as digits (http://host:5000)") from None
 
 
 def check_driver(uri: str) -> None:
@@ -134,11 +179,12 @@ def check_driver(uri: str) -> None:
         make_url(uri).get_dialect().import_dbapi()
     except ImportError as exc:
         package = DRIVER_PACKAGES.get(exc.name or "", exc.name)
-        raise ConfigError("tracking.uri", masked(uri), f"the database driver {exc.name!r} is not installed",
+        raise ConfigError("tracking.uri", redacted(uri), f"the database driver {exc.name!r} is not installed",
                           f"pip install {package}, or use a local store ({LOCAL_STORE})") from None
-    except ArgumentError as exc:
-        raise ConfigError("tracking.uri", masked(uri), f"not a database URL ({exc})",
-                          f"write dialect://user@host/database, or use a local store ({LOCAL_STORE})") from None
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise ConfigError("tracking.uri", redacted(uri), f"not a database URL ({redacted(str(exc))})",
+                          f"write dialect://user:password@host:port/database (the port as digits), or use a local "
+                          f"store ({LOCAL_STORE})") from None
 
 
 def check_artifact_location(location: Optional[str]) -> None:
@@ -163,18 +209,56 @@ def local_folder(location: Optional[str]) -> Optional[Path]:
     return Path(urlsplit(location).path if location.startswith("file:") else location)
 
 
-def store_error(uri: str, reason: str, busy_timeout_s: float) -> ConfigError:
+_SCHEMA = re.compile(r"out-of-date database schema \(found version (?P<found>\w+), but expected (?P<head>\w+)\)")
+
+
+def known_revision(revision: str) -> bool:
+    """Whether this MLflow's migrations know the schema ``revision`` (a store of an older MLflow, or of
+    this one); a revision it does not know is a newer MLflow's."""
+    import mlflow.store
+    from alembic.script import ScriptDirectory
+
+    try:
+        migrations = ScriptDirectory(str(Path(mlflow.store.__file__).parent / "db_migrations"))
+        return migrations.get_revision(revision) is not None
+    except Exception:  # alembic's ResolutionError (and kin) for a revision it does not know
+        return False
+
+
+def schema_error(uri: str, reason: str, setting: str) -> Optional[ConfigError]:
+    """The error for a store whose schema is not this MLflow's, by the way it differs: newer (a newer MLflow
+    wrote it: upgrading the store cannot help, MLflow can) or older (``mlflow db upgrade``); None when
+    ``reason`` is not about the schema."""
+    import mlflow
+
+    found = _SCHEMA.search(reason)
+    if found is None:
+        return None
+    if known_revision(found.group("found")):
+        return ConfigError(setting, redacted(uri), f"the store's schema (revision {found.group('found')}) is older "
+                           f"than this MLflow's ({mlflow.__version__}, revision {found.group('head')})",
+                           f"back the store up, then run: mlflow db upgrade '{redacted(uri)}' (or use another store)")
+    return ConfigError(setting, redacted(uri), f"the store's schema (revision {found.group('found')}) is newer than "
+                       f"this MLflow {mlflow.__version__} knows (its newest is {found.group('head')}): a newer MLflow "
+                       "wrote it", "install the MLflow version that wrote the store (pip install -U mlflow), or "
+                       "use another store; do not run mlflow db upgrade or downgrade on it")
+
+
+def store_error(uri: str, reason: str, busy_timeout_s: float, setting: str = "tracking.uri") -> ConfigError:
     """The error for a store MLflow could not open: a sqlite file still locked by another process
-    after the busy wait names tracking.busy_timeout_s (and that process, where it can be read); anything
-    else names tracking.uri."""
+    after the busy wait names tracking.busy_timeout_s (and that process, where it can be read); a schema
+    that is not this MLflow's, newer or older (`schema_error`); anything else names ``setting``."""
+    schema = schema_error(uri, reason, setting)
+    if schema is not None:
+        return schema
     if "database is locked" in reason:
         db = sqlite_path(uri)
         holders = lock_holders(db) if db is not None else None
         who = holders_text(holders) if holders else "another process"
         return ConfigError("tracking.busy_timeout_s", busy_timeout_s,
-                           f"{who} held the store {masked(uri)} locked for longer ({reason})",
+                           f"{who} held the store {redacted(uri)} locked for longer ({reason})",
                            "raise tracking.busy_timeout_s, or stop the process that holds the store")
-    return ConfigError("tracking.uri", masked(uri), f"the MLflow store cannot be used ({masked(reason)})", _FIX)
+    return ConfigError(setting, redacted(uri), f"the MLflow store cannot be used ({redacted(reason)})", _FIX)
 
 
 @contextlib.contextmanager
@@ -332,26 +416,49 @@ def open_client(uri: str, busy_timeout_s: float, lock_timeout_s: float) -> Signa
     return SignalSafe(client, watch.call)
 
 
+LONGEST_EXPERIMENT_NAME = 256  # characters: the width of MLflow's experiments.name column (its databases enforce it)
+
+
 def experiment_id(client, uri: str, name: str, artifact_location: Optional[str], lock_timeout_s: float,
-                  tags: Optional[dict] = None) -> str:
-    """The id of experiment ``name``, created (under the store's lock, with ``tags``) if absent."""
+                  tags: Optional[dict] = None, setting: str = "tracking.experiment") -> str:
+    """The id of experiment ``name``, created (under the store's lock, with ``tags``) if absent. A name
+    MLflow cannot hold, a deleted experiment of that name (in MLflow's trash: it cannot take runs, and its
+    name stays taken), or a creation MLflow refuses is a `ConfigError` naming ``setting``, the setting that
+    chose the name."""
     from mlflow.exceptions import MlflowException
 
+    if len(name) > LONGEST_EXPERIMENT_NAME:
+        raise ConfigError(setting, name, f"an experiment name of {len(name)} characters (MLflow's store holds at "
+                          f"most {LONGEST_EXPERIMENT_NAME})", f"choose a name of at most {LONGEST_EXPERIMENT_NAME} "
+                          "characters")
     found = client.get_experiment_by_name(name)
     if found is not None:
-        return found.experiment_id
+        return active_experiment(found, setting)
     with signals_deferred(), store_lock(uri, lock_timeout_s):
         found = client.get_experiment_by_name(name)  # created meanwhile by another process?
         if found is not None:
-            return found.experiment_id
+            return active_experiment(found, setting)
         log.info("creating MLflow experiment '%s'", name)
         try:
             return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
-        except MlflowException:  # a remote store without our lock: created meanwhile by another job
+        except MlflowException as exc:  # a remote store without our lock: created meanwhile by another job
             found = client.get_experiment_by_name(name)
             if found is None:
-                raise
-            return found.experiment_id
+                raise ConfigError(setting, name, f"MLflow refused to create the experiment ({redacted(exc.message)})",
+                                  "choose another experiment name") from None
+            return active_experiment(found, setting)
+
+
+def active_experiment(experiment: Any, setting: str) -> str:
+    """``experiment``'s id when it can take runs; a deleted one is a `ConfigError` naming ``setting``."""
+    if experiment.lifecycle_stage == "deleted":
+        raise ConfigError(setting, experiment.name, f"the experiment is deleted in this store (id "
+                          f"{experiment.experiment_id}, in MLflow's trash): it takes no runs, and its name stays "
+                          "taken until it is removed for good",
+                          f"restore it (mlflow experiments restore --experiment-id {experiment.experiment_id}), "
+                          f"remove it for good (mlflow gc --experiment-ids {experiment.experiment_id}), or choose "
+                          "another experiment name")
+    return experiment.experiment_id
 
 
 # A write that two processes race to make first (the same dataset logged by two jobs of a sweep at once):

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class StoreWatch:
             if waited >= FIRST_NOTICE_S + notices * NOTICE_EVERY_S:
                 holder = self.holder()  # outside the lock: the call's end never waits for /proc or the log
                 if holder is not None:
-                    log.info("waiting on the store %s for %.0f s (%s): %s", masked(self.uri), waited, what, holder)
+                    log.info("waiting on the store %s for %.0f s (%s): %s", redacted(self.uri), waited, what, holder)
                     notices = int((waited - FIRST_NOTICE_S) // NOTICE_EVERY_S) + 1
             with self._cond:
                 self._cond.wait(POLL_S)

@@ -37,7 +37,7 @@ from tamrun.config.plugins import check_plugins
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import Abort
 from tamrun.tracking.held import error_tags, hold_job
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted
 from tamrun.tracking.sweep_failures import failure_exit_code, failure_line, table_failures
 from tamrun.tracking.sweep_files import SWEEP_ENV, read_sweep_file, write_sweep_file
 from tamrun.tracking.sweep_names import SweptKeys, job_run_name, job_values, swept_keys, value_tag, value_tags
@@ -171,7 +171,7 @@ class SweepCallback(Callback):
         if settings.enabled:
             info.update(open_parent(config, settings, info))
         # The file holds the URI masked (a password stays in memory): the sweep's end uses `self.info`'s.
-        write_sweep_file(str(sweep_dir), {**info, "tracking_uri": masked(info.get("tracking_uri", ""))})
+        write_sweep_file(str(sweep_dir), {**info, "tracking_uri": redacted(info.get("tracking_uri", ""))})
         self.info = info
         if settings.enabled:
             from tamrun.tracking.held_spool import spool_dir
@@ -227,7 +227,7 @@ def open_parent(config: DictConfig, settings: TrackingConfig, info: Dict[str, An
     swept = SweptKeys.from_json(info).labels
     ensure_runs_view(parent.client, parent.client.get_experiment(parent.experiment_id), info["objective"],
                      [value_tag(key) for key in swept])
-    log.info("compare the jobs in the MLflow UI: %s", masked(runs_table_url(parent.uri, parent.experiment_id)))
+    log.info("compare the jobs in the MLflow UI: %s", redacted(runs_table_url(parent.uri, parent.experiment_id)))
     return {"parent_run_id": parent.run_id, "experiment_id": parent.experiment_id, "tracking_uri": parent.uri,
             "busy_timeout_s": settings.busy_timeout_s, "lock_timeout_s": settings.lock_timeout_s,
             "connect_timeout_s": settings.connect_timeout_s}

@@ -19,7 +19,7 @@ import pandas as pd
 from tamrun.errors import TamrunError
 from tamrun.tracking.held import hold_sweep_end, held_runs
 from tamrun.tracking.held_spool import list_waiting, upload_claimed
-from tamrun.tracking.secrets import masked
+from tamrun.redact import redacted
 from tamrun.tracking.sweep_failures import JobFailure, job_failure
 from tamrun.tracking.sweep_files import held_folder, started_jobs, sweep_home
 from tamrun.tracking.sweep_summary import close_sweep
@@ -58,7 +58,7 @@ def end_sweep(info: Dict[str, Any], spool: Path, aborted: bool = False) -> "pd.D
         upload_claimed(client, folder)
         return close_sweep(info, aborted, client, started_jobs(home))
     except store_errors() as exc:
-        reason = masked(str(getattr(exc, "message", None) or exc).strip().splitlines()[0][:300])
+        reason = redacted(str(getattr(exc, "message", None) or exc).strip().splitlines()[0][:300])
         hold_sweep_end(folder, info, aborted)
         entry = list_waiting(spool, folder, info["tracking_uri"])
         log.warning("sweep %s: the store did not answer at the sweep's end (%s): held in %s (listed in %s)",
@@ -76,6 +76,6 @@ def held_line(end: HeldEnd, store: str, parent_run_id: Optional[str]) -> str:
     if end.failures:
         reasons = "; ".join(f"job {failure.job}: {failure.reason}" for failure in end.failures)
         jobs = f"{len(end.failures)} of {end.started} sweep job(s) held too ({reasons}); they and "
-    return (f"tamrun: the store {masked(store)} did not answer at the sweep's end ({end.reason}): {jobs}the summary of "
+    return (f"tamrun: the store {redacted(store)} did not answer at the sweep's end ({end.reason}): {jobs}the summary of "
             f"parent run {parent_run_id} {'are' if jobs else 'is'} held in {end.folder}, and the next run on that "
             "store writes them\n")

@@ -19,6 +19,8 @@ import socket
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from tamrun.redact import redacted
+
 SWEEP_FILE = "tamrun_sweep.json"
 SWEEP_ENV = "TAMRUN_SWEEP_ID"  # the launching command's sweep, inherited by its jobs
 
@@ -34,10 +36,11 @@ def held_folder(home: Path) -> Path:
 
 
 def write_json(path: Path, data: Dict[str, Any]) -> None:
-    """``data`` as JSON at ``path``, written whole or not at all (a temporary file renamed into place)."""
+    """``data`` as JSON at ``path``, redacted (`tamrun.redact`: a job's overrides may hold a password),
+    written whole or not at all (a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(data, indent=2))
+    partial.write_text(redacted(json.dumps(data, indent=2)))
     os.replace(partial, path)
 
 
