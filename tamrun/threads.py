@@ -215,8 +215,8 @@ class CpuClock:
         fields = (read_lines(stat) or [""])[0].split()
         if len(fields) < 6 or fields[0] != "cpu":
             return None
-        ticks = [int(value) for value in fields[1:]]
-        busy = sum(ticks) - ticks[3] - ticks[4]  # user nice system idle iowait irq softirq steal ...
+        ticks = [int(value) for value in fields[1:9]]  # guest time, after these, is already in user's
+        busy = sum(ticks) - ticks[3] - ticks[4]  # user nice system idle iowait irq softirq steal
         times = os.times()
         return cls(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), times.user + times.system)
 
@@ -265,6 +265,7 @@ def apply_wait_policy(start: Optional[CpuClock], jobs_at_once: bool = False,
         variables, reason = wait_policy(environ, others_busy(start, end) if end is not None else None, jobs_at_once)
         environ.update(variables)
     environ[WAIT_REASON] = reason
+    log.info("OpenMP wait policy: %s", reason)
     return reason
 
 
