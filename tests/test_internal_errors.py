@@ -62,9 +62,12 @@ def tamrun_with_fault(stage: str, *args: str, cwd: Path) -> subprocess.Completed
                           env=env, timeout=300)
 
 
-def internal_line(stderr: str) -> str:
-    """The one ``tamrun: internal error`` line of ``stderr`` (failing when there is not exactly one)."""
-    lines = [line for line in stderr.splitlines() if line.startswith("tamrun: internal error:")]
+def internal_line(stderr: str, label: str = "") -> str:
+    """The one ``tamrun: internal error`` line of ``stderr`` (failing when there is not exactly one), after
+    ``label``: a job of a sweep that runs jobs at once starts its lines with ``[#<job> <run name>]``
+    (`tamrun.joblog.job_label`)."""
+    start = f"{label} tamrun: internal error:" if label else "tamrun: internal error:"
+    lines = [line[len(label):].lstrip() for line in stderr.splitlines() if line.startswith(start)]
     assert len(lines) == 1, stderr
     return lines[0]
 
@@ -112,7 +115,7 @@ def test_a_parallel_sweep_names_a_job_internal_error_and_the_other_job_finishes(
     client, parent, children = sweep_runs(store, sweep_dir)
     assert done.stderr.splitlines()[-1] == ("tamrun: 1 of 2 sweep job(s) did not finish (job 1: internal error "
                                             f"RuntimeError); summary in run {parent.info.run_id}"), output
-    line = internal_line(done.stderr)
+    line = internal_line(done.stderr, "[#1 seed=1]")  # a parallel job's line says which job it is
     assert line.rsplit("traceback in ", 1)[1] == f"{sweep_dir / '1' / 'tamrun.log'})"
     assert "Traceback (most recent call last)" in logged_traceback(line)
     assert "Traceback" not in done.stderr  # a sweep's console: one line per failed job

@@ -199,7 +199,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}: use some of {list(VARIANTS)}")
     variants = {name: VARIANTS[name] for name in chosen}
-    variants.update({f"GOMP_SPINCOUNT={n}": {"GOMP_SPINCOUNT": n.strip()} for n in args.spins.split(",") if n.strip()})
+    spins = [n.strip() for n in args.spins.split(",") if n.strip()]
+    variants.update({f"GOMP_SPINCOUNT={n}": {"GOMP_SPINCOUNT": n} for n in spins})
     return Settings(variants, args.repeats, args.busy, args.timeout, args.peer_python,
                     tuple(args.peer_models.split(",")), args.peer_max_iter)
 

@@ -443,6 +443,8 @@ def experiment_id(client, uri: str, name: str, artifact_location: Optional[str],
             return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
         except MlflowException as exc:  # a remote store without our lock: created meanwhile by another job
             found = client.get_experiment_by_name(name)
+            if found is None and exc.error_code != "INVALID_PARAMETER_VALUE":
+                raise  # the store's own trouble (read-only, full, locked): named as such by the run (mlflow_run)
             if found is None:
                 raise ConfigError(setting, name, f"MLflow refused to create the experiment ({redacted(exc.message)})",
                                   "choose another experiment name") from None
