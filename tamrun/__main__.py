@@ -112,7 +112,9 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
         line = error.report_line()
     if verbose or (internal and not multirun):
         sys.stderr.write(redacted_traceback(exc))
-    label = parallel_job_label(hydra_cfg, name)
+    launcher = str((hydra_cfg.get("launcher") or {}).get("_target_", "")) if multirun else ""
+    # a parallel job's line says which job it is; Ray's launcher prints it as "sweep job #<n>: <line>" itself
+    label = None if launcher.rsplit(".", 1)[-1].startswith("Ray") else parallel_job_label(hydra_cfg, name)
     sys.stderr.write(f"{label} {line}" if label else line)
     if not multirun:
         sys.exit(1 if internal else 2)
