@@ -11,6 +11,13 @@ from typing import Callable, List
 import numpy as np
 import pandas as pd
 import pytest
+
+# Ray 2.60's local ray.init (hydra.launcher.ray.init.address=null) writes a token to ~/.ray/auth_token
+# unless RAY_AUTH_MODE is set; the heads that later tests start with `ray start` then demand it and
+# `ray status` (auth disabled) is refused: every Ray test after the first local one fails. The tests'
+# Ray processes (children of this one) run without token authentication.
+RAY_TEST_ENV = {"RAY_AUTH_MODE": "disabled"}
+os.environ.update(RAY_TEST_ENV)
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import csv_overrides
+from conftest import RAY_TEST_ENV, csv_overrides
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray: pip install 'tamrun[ray]'")]
@@ -23,6 +23,7 @@ def test_the_sweeps_last_line_is_last_and_every_line_is_printed_once(tmp_path, c
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_", "MLFLOW_", "RAY_"))}
+    env.update(RAY_TEST_ENV)  # tests/conftest.py: no token of Ray's in the home folder
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     done = subprocess.run([sys.executable, "-m", "tamrun", "-m", "hydra/launcher=ray_cluster",
                            "hydra.launcher.ray.init.address=null", "hydra.launcher.ray.remote.num_cpus=1",

@@ -27,6 +27,8 @@ from typing import List
 
 import psutil
 import pytest
+
+from conftest import RAY_TEST_ENV
 from mlflow.tracking import MlflowClient
 
 from local_cluster import wait_until
@@ -62,7 +64,7 @@ class Walkthrough:
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("HYDRA_", "MLFLOW_", "TAMRUN_", "RAY_", "VIRTUAL_ENV"))}
         self.env.update(ROOT=str(self.root), VENV=sys.prefix, PGPORT=str(free_port()), PORT=str(free_port()),
-                        RAYPORT=str(free_port()))
+                        RAYPORT=str(free_port()), **RAY_TEST_ENV)  # tests/conftest.py
         self.blocks = page_blocks()
         self.results: List[subprocess.CompletedProcess] = []
         self.groups: List[int] = []

@@ -32,7 +32,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import csv_overrides
+from conftest import RAY_TEST_ENV, csv_overrides
 from local_cluster import ray_cluster, wait_until
 from job_gate import open_gate
 from servers import MlflowServer, postgres_database
@@ -65,6 +65,7 @@ def cluster():
 def environment(**extra: str) -> Dict[str, str]:
     """This process's environment without Hydra's, tamrun's and MLflow's variables, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "TAMRUN_", "MLFLOW_", "RAY_"))}
+    env.update(RAY_TEST_ENV)  # tests/conftest.py: no token of Ray's in the home folder
     return {**env, **extra}
 
 
