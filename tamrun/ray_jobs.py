@@ -45,6 +45,9 @@ def run_job_in_ray(hydra_context: Any, sweep_config: DictConfig, task_function: 
     folder ``cwd`` when this node has it (relative paths of the config mean what they meant there), Hydra's
     state restored, then Hydra's ``run_job``."""
     os.environ.update(secret_env or {})
+    from tamrun.tracking.worker import SECRET_NAMES
+
+    os.environ[SECRET_NAMES] = ",".join(sorted(secret_env or {}))  # their names, for the run's ray.env tag
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     setup_globals()

@@ -8,11 +8,16 @@ gets no tags and imports nothing."""
 from __future__ import annotations
 
 import json
+import os
 import logging
 import sys
 from typing import Dict
 
 log = logging.getLogger(__name__)
+
+# The names of the secret variables a Ray task was handed as its argument (`tamrun.ray_jobs`), not in
+# its runtime environment: the run's ray.env tag lists them with the others.
+SECRET_NAMES = "TAMRUN_RAY_SECRET_NAMES"
 
 
 def ray_worker_tags() -> Dict[str, str]:
@@ -25,7 +30,8 @@ def ray_worker_tags() -> Dict[str, str]:
         task_id = context.get_task_id()
         if task_id is None:  # the driver, not a task
             return {}
-        env = sorted((context.runtime_env.get("env_vars") or {}).keys())
+        secrets = [name for name in os.environ.get(SECRET_NAMES, "").split(",") if name]
+        env = sorted({*(context.runtime_env.get("env_vars") or {}).keys(), *secrets})
         return {"ray.node_id": context.get_node_id(), "ray.task_id": task_id,
                 "ray.resources": json.dumps(context.get_assigned_resources(), sort_keys=True),
                 "ray.env": ", ".join(env)}
