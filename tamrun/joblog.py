@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import List
 
-from tamrun.redact import redacted_traceback
+from tamrun.redact import redacted, redacted_traceback
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ def runs_jobs_at_once(launcher_target: str) -> bool:
 
 def job_label(job_num: int, run_name: str) -> str:
     """How a parallel sweep's job names itself at the start of each console line: ``[#3 fourier]`` (its
-    number and its run's name, i.e. its swept values)."""
-    return f"[#{job_num} {run_name}]"
+    number and its run's name, i.e. its swept values; redacted: a label is added after the handlers' filter)."""
+    return redacted(f"[#{job_num} {run_name}]")
 
 
 class LabelledFormatter(logging.Formatter):
