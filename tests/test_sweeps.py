@@ -145,7 +145,7 @@ def compose_hydra(*overrides: str):
     ("parallel", "hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "backend", "loky"),
     ("slurm", "hydra_submitit_launcher.submitit_launcher.SlurmLauncher", "timeout_min", 60),
     ("ray_cluster", "tamrun_ray_launcher.ray_cluster_launcher.RayClusterLauncher", "ray",
-     {"init": {"address": "auto"},
+     {"init": {"address": "auto", "log_to_driver": False},
       "remote": {"num_cpus": 4, "num_gpus": 0, "max_retries": 0}}),
 ])
 def test_launcher_configs_compose(launcher, target, field, value):
