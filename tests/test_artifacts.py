@@ -15,7 +15,7 @@ from tamrun.effects.partial import partial_effect_curves
 from tamrun.errors import DataError
 from tamrun.pipeline import load_splits
 from tamrun.runner import run
-from tamrun.tracking.plots import residual_period, residuals_by_period_figure
+from tamrun.tracking.plots import (box_statistics, line_envelope, residual_period, residuals_by_period_figure)
 
 from conftest import csv_overrides
 
@@ -125,3 +125,64 @@ def test_the_residual_plot_follows_the_spacing_of_the_dates(freq, periods, perio
     axis = residuals_by_period_figure(table, period).axes[0]
     assert period.replace("_", " ") in axis.get_title()
     assert len([line for line in axis.get_lines() if line.get_label() == "mean"][0].get_xdata()) == boxes
+
+
+def test_the_model_records_this_environments_versions_and_keeps_mlflows_check_in_place(cg_run):
+    """The model's requirements pin what is installed (so MLflow's environment check, skipped while saving,
+    could not fail), and the check is MLflow's own again afterwards."""
+    from importlib.metadata import version
+
+    from mlflow.utils import environment
+
+    from tamrun.tracking.pyfunc_model import installed_requirements_trusted
+
+    result, _, store, folder = cg_run
+    client = MlflowClient(tracking_uri=store)
+    logged = client.search_logged_models([client.get_run(result.run_id).info.experiment_id])[0]
+    requirements = mlflow.pyfunc.get_model_dependencies(logged.artifact_location)
+    pins = dict(line.strip().split("==") for line in open(requirements) if "==" in line)
+    for package in ("torch", "mlflow", "pandas", "safetensors"):
+        assert pins[package] == version(package).split("+")[0], (package, pins)
+    original = environment.warn_dependency_requirement_mismatches
+    with installed_requirements_trusted():
+        assert environment.warn_dependency_requirement_mismatches is not original
+    assert environment.warn_dependency_requirement_mismatches is original
+    with pytest.raises(RuntimeError), installed_requirements_trusted():
+        raise RuntimeError("restored on an error too")
+    assert environment.warn_dependency_requirement_mismatches is original
+
+
+@pytest.mark.parametrize("n,slices", [(10, 4), (17520, 1200), (1001, 250), (5000, 7)])
+def test_a_long_line_is_drawn_from_its_envelope(n, slices):
+    """Every slice of consecutive points keeps its first, lowest, highest and last point (exact against
+    a loop over the slices); a line of at most 4 points per slice is kept whole."""
+    rng = np.random.default_rng(n)
+    values = rng.normal(size=n).cumsum()
+    values[n // 3] = np.nan  # a gap is never a slice's extreme
+    kept = line_envelope(values, slices)
+    if n <= 4 * slices:
+        assert kept.tolist() == list(range(n))
+        return
+    run = -(-n // slices)
+    expected = set()
+    for start in range(0, n, run):
+        part = values[start:start + run]
+        expected |= {start, start + int(np.nanargmin(part)), start + int(np.nanargmax(part)),
+                     start + len(part) - 1}
+    assert kept.tolist() == sorted(expected)
+    assert len(kept) <= 4 * -(-n // run)
+
+
+def test_the_residual_boxes_are_the_usual_box_plot_statistics():
+    """Quartiles, whiskers at the furthest points within 1.5 IQR, and the mean, against float64 numpy
+    and against matplotlib's own box-plot statistics (tolerance 1e-12)."""
+    from matplotlib.cbook import boxplot_stats
+
+    rng = np.random.default_rng(3)
+    samples = [rng.standard_t(3, size=size) for size in (5, 40, 1000)]
+    stats = box_statistics(samples)
+    for at, sample in enumerate(samples):
+        reference = boxplot_stats(sample, whis=1.5)[0]
+        np.testing.assert_allclose([stats[key][at] for key in ("q1", "median", "q3", "low", "high", "mean")],
+                                   [reference[key] for key in ("q1", "med", "q3", "whislo", "whishi", "mean")],
+                                   rtol=0, atol=1e-12)

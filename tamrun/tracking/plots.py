@@ -16,6 +16,12 @@ SPREAD = (0.1, 0.9)
 SPREAD_LABEL = "10-90% of the groups"
 # Partial-effect panels: width and height, and the figure's margin above and below them (inches).
 PANEL_WIDTH, PANEL_HEIGHT, PANEL_MARGIN = 4.2, 3.2, 0.6
+# A long line is drawn from its envelope over this many slices of its points (`line_envelope`): about
+# one per pixel column of the forecast's 12-inch figure at matplotlib's 100 dpi. Drawing the national
+# test year's 17,520 points twice took 0.5 s of the recording; 4 points per column draw the same pixels.
+LINE_SLICES = 1200
+# Whiskers of the residual boxes: the furthest residuals within this many interquartile ranges of the box.
+WHISKER_IQR = 1.5
 
 
 def _label(name: str, unit: str) -> str:
@@ -32,6 +38,26 @@ def _fixed_margins(figure, left: float = 1.0, right: float = 0.25, bottom: float
                            hspace=hspace)
 
 
+def line_envelope(values: np.ndarray, slices: int = LINE_SLICES) -> np.ndarray:
+    """The positions (sorted) of the points of a line of ``values`` (n,) that draw it at ``slices`` pixel
+    columns: in each of ``slices`` runs of consecutive points, its first, lowest, highest and last (the M4
+    reduction: the drawn line's every column spans the same range and joins its neighbours the same
+    way). All of them when n <= 4 * ``slices``. NaN points are never a slice's lowest or highest."""
+    n = len(values)
+    if n <= 4 * slices:
+        return np.arange(n)
+    run = -(-n // slices)  # points per slice; the last slice may be shorter
+    starts = np.arange(0, n, run)
+    padded = np.full(len(starts) * run, np.nan)
+    padded[:n] = values
+    runs = padded.reshape(len(starts), run)
+    missing = np.isnan(runs)
+    lowest = np.where(missing, np.inf, runs).argmin(axis=1)
+    highest = np.where(missing, -np.inf, runs).argmax(axis=1)
+    last = np.minimum(starts + run, n) - 1
+    return np.unique(np.concatenate([starts, starts + lowest, starts + highest, last]))
+
+
 def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 7, title: str = "", unit: str = ""):
     """Actual vs predicted over the split (summed over groups at each timestamp), and a zoom on its
     first ``zoom_days`` days. Returns a matplotlib Figure."""
@@ -42,8 +68,9 @@ def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 7
     _fixed_margins(figure)
     full, zoom = figure.subplots(2, 1)
     for axis, data in ((full, part), (zoom, part[part.index < part.index.min() + pd.Timedelta(days=zoom_days)])):
-        axis.plot(data.index, data["actual"], lw=0.6, color="black", label="actual")
-        axis.plot(data.index, data["predicted"], lw=0.6, color="tab:orange", label="predicted")
+        for column, colour in (("actual", "black"), ("predicted", "tab:orange")):
+            drawn = data[column].iloc[line_envelope(data[column].to_numpy(dtype=float))]
+            axis.plot(drawn.index, drawn.to_numpy(), lw=0.6, color=colour, label=column)
         axis.set_ylabel(_label("target", unit))
         axis.grid(alpha=0.3)
     full.set_title(title or f"Forecast on the {split} period")
@@ -89,9 +116,9 @@ def residuals_by_period_figure(table: pd.DataFrame, period: str, split: str = "t
     _fixed_margins(figure)
     axis = figure.subplots()
     width = 0.6 * float(np.min(np.diff(slots))) if len(slots) > 1 else 0.5
-    axis.boxplot([residual[keys == k] for k in slots], positions=slots, widths=width, showfliers=False,
-                 manage_ticks=False)
-    axis.plot(slots, [residual[keys == k].mean() for k in slots], color="tab:red", lw=1, label="mean")
+    boxes = box_statistics([residual[keys == k] for k in slots])
+    _draw_boxes(axis, slots, boxes, width)
+    axis.plot(slots, boxes["mean"], color="tab:red", lw=1, label="mean")
     axis.axhline(0, color="grey", lw=0.8)
     axis.set_xticks(ticks, labels)
     axis.set_xlabel(name)
@@ -101,6 +128,40 @@ def residuals_by_period_figure(table: pd.DataFrame, period: str, split: str = "t
     axis.grid(alpha=0.3)
     axis.legend(loc="upper right")
     return figure
+
+
+def box_statistics(samples: Sequence[np.ndarray]) -> dict:
+    """Each sample's box: ``q1``, ``median``, ``q3`` (linear-interpolated quartiles), ``low`` and ``high``
+    (the whiskers: its smallest and largest values within `WHISKER_IQR` interquartile ranges of the box)
+    and ``mean``; arrays (len(samples),). The box plot's usual statistics, without drawing them."""
+    stats = {key: np.empty(len(samples)) for key in ("q1", "median", "q3", "low", "high", "mean")}
+    for at, sample in enumerate(samples):
+        q1, median, q3 = np.percentile(sample, [25, 50, 75])
+        reach = WHISKER_IQR * (q3 - q1)
+        stats["q1"][at], stats["median"][at], stats["q3"][at] = q1, median, q3
+        stats["low"][at] = sample[sample >= q1 - reach].min()
+        stats["high"][at] = sample[sample <= q3 + reach].max()
+        stats["mean"][at] = sample.mean()
+    return stats
+
+
+def _draw_boxes(axis, positions: np.ndarray, boxes: dict, width: float) -> None:
+    """`box_statistics`' boxes at ``positions`` as three artists (boxes, median bars, whiskers with
+    their caps) rather than six per box: 48 boxes of a half-hourly day took 0.4 s to draw one by one."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    left, right = positions - width / 2, positions + width / 2
+    corners = np.stack([np.stack([left, boxes["q1"]], 1), np.stack([right, boxes["q1"]], 1),
+                        np.stack([right, boxes["q3"]], 1), np.stack([left, boxes["q3"]], 1)], 1)
+    axis.add_collection(PolyCollection(corners, facecolors="none", edgecolors="black", linewidths=1))
+    axis.hlines(boxes["median"], left, right, colors="tab:orange", lw=1.5)
+    capped = np.concatenate([
+        [[[x, q], [x, w]] for x, q, w in zip(positions, boxes["q1"], boxes["low"])],
+        [[[x, q], [x, w]] for x, q, w in zip(positions, boxes["q3"], boxes["high"])],
+        [[[x - width / 4, w], [x + width / 4, w]] for x, w in zip(positions, boxes["low"])],
+        [[[x - width / 4, w], [x + width / 4, w]] for x, w in zip(positions, boxes["high"])]])
+    axis.add_collection(LineCollection(capped, colors="black", linewidths=1))
+    axis.autoscale_view()
 
 
 def partial_effects_figure(curves: Sequence[dict], unit: str = "", columns: int = 3):
