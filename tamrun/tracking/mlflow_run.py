@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
 # The experiment's kind in MLflow 3's UI: a model-training one (its runs table and view: tamrun.tracking.ui_view).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "forecasting"}
+# A figure's PNG at zlib level 1 (Pillow's default is 6): the partial effects' encoding took 0.3 s of a
+# 9 s command at level 6, 3-4x less at level 1, for files about 15 % larger.
+FIGURE_SAVE = {"pil_kwargs": {"compress_level": 1}}
 
 
 def default_tracking_uri(cwd: Optional[Path] = None) -> str:
@@ -408,7 +411,7 @@ class TrackedRun:
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         if self.enabled:
             with writing(self.artifact(artifact_file)):
-                self.client.log_figure(self.run_id, figure, artifact_file)
+                self.client.log_figure(self.run_id, figure, artifact_file, save_kwargs=FIGURE_SAVE)
 
     def log_file(self, path: os.PathLike, artifact_path: Optional[str] = None) -> None:
         if self.enabled:
