@@ -59,7 +59,8 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
 
     try:
         result = run(cfg, overrides=overrides, tags=tags, run_name=name,
-                     libraries_loaded=imports.settle if imports is not None else None)
+                     libraries_loaded=imports.settle if imports is not None else None,
+                     folder=run_folder(hydra_cfg.runtime.output_dir))
         if cfg.mode.name == "plan":
             sys.stdout.write(result.plan.describe() + "\n")
             return None
@@ -71,6 +72,15 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
         failed.append(job_failed(exc, cfg, hydra_cfg, tags, name))
         return float("nan")
     return result.metrics[objective]
+
+
+def run_folder(output_dir: str) -> str:
+    """The run folder as the user can reach it: relative to the working directory when under it."""
+    path = Path(output_dir)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def parallel_job_label(hydra_cfg: Any, name: Optional[str]) -> Optional[str]:

@@ -43,13 +43,15 @@ TRACKED_JOBS: Dict[ModeName, Callable[[Prepared, TrackedRun], RunResult]] = {
 
 
 def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None,
-        run_name: Optional[str] = None, libraries_loaded: Optional[Callable[[], None]] = None) -> RunResult:
+        run_name: Optional[str] = None, libraries_loaded: Optional[Callable[[], None]] = None,
+        folder: Optional[str] = None) -> RunResult:
     """Fit, evaluate and record one experiment described by a composed config (``mode=plan``: only
     plan the memory, without fitting and without an MLflow run). ``tags`` are added to the run's
     (a sweep job's sweep id and parent run); ``run_name`` names it (default: `plain_run_name`, numbered
     when the experiment has a run of that name; a sweep job's: its swept values; ``tracking.run_name``
     wins over both). ``libraries_loaded`` is called
     once the run has imported every library it uses, before its data is read (`tamrun.collector`).
+    ``folder``: the command's run folder (Hydra's output_dir), which the run's last line names.
 
     Raises:
         tamrun.errors.TamrunError: bad config, data, device or memory limit (the MLflow run, if
@@ -66,7 +68,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
             return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded))
     name = run_name or plain_run_name(config, overrides)
     with TrackedRun(config.tracking, run_name=name, tags=run_tags(config, tags), objective=objective_name(config),
-                    number_reruns=run_name is None) as tracked:
+                    number_reruns=run_name is None, folder=folder) as tracked:
         try:
             log_config(tracked, cfg, overrides)
             devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])

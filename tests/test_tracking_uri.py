@@ -37,7 +37,13 @@ def test_mlflow_tracking_uri_is_where_the_run_goes_and_its_last_line_says_so(tmp
     assert logged.info.status == "FINISHED"
     assert not (tmp_path / "outputs" / "mlflow.db").exists()  # not the default store
     last = done.stdout.strip().splitlines()[-1]
-    assert last.endswith(f"MLflow run {logged.info.run_id} FINISHED in sqlite:///{store} (experiment 'tamrun')"), last
+    experiment = logged.info.experiment_id
+    folder = next(p for p in (tmp_path / "outputs").rglob("*") if p.is_dir() and (p / ".hydra").is_dir())
+    rmse = logged.data.metrics["rmse_test"]
+    assert last.endswith(f"run '{logged.info.run_name}' FINISHED, rmse_test={rmse:.4g}: "
+                         f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{logged.info.run_id} "
+                         f"(MLflow run {logged.info.run_id} in sqlite:///{store}, experiment 'tamrun'; "
+                         f"folder {folder.relative_to(tmp_path)})"), last
 
 
 def test_tracking_uri_wins_over_the_environment(tmp_path, csv_path):
@@ -57,10 +63,12 @@ def test_a_failed_run_names_its_store_before_the_error_line(tmp_path, csv_path):
     store = tmp_path / "outputs" / "mlflow.db"
     logged = only_run(store)
     assert logged.info.status == "FAILED"
-    ran = f"MLflow run {logged.info.run_id} FAILED in sqlite:///{store} (experiment 'tamrun')"
+    (log,) = (tmp_path / "outputs").glob("*/*/tamrun.log")
+    ran = (f"run '{logged.info.run_name}' FAILED: http://127.0.0.1:5000/#/experiments/{logged.info.experiment_id}"
+           f"/runs/{logged.info.run_id} (MLflow run {logged.info.run_id} in sqlite:///{store}, experiment 'tamrun'; "
+           f"folder {log.parent.relative_to(tmp_path)})")  # no metric: it logged none
     assert done.stdout.strip().splitlines()[-1].endswith(ran), done.stdout
     assert done.stderr.strip().splitlines()[-1].startswith("tamrun: data error: model.effects.sx.column='nope'")
-    (log,) = (tmp_path / "outputs").glob("*/*/tamrun.log")
     assert log.read_text().strip().splitlines()[-1].endswith(ran)
 
 

@@ -69,7 +69,7 @@ def report(args: argparse.Namespace) -> str:
     from tamrun.compare.select import check_filter, last_runs, sweep_runs
     from tamrun.compare.table import render
     from tamrun.redact import redacted
-    from tamrun.tracking.ui_view import runs_table_url, ui_base
+    from tamrun.tracking.ui_view import run_url, runs_table_url
 
     if args.last < 1:
         raise ConfigError("--last", args.last, "no run to show", "give -n a count of 1 or more")
@@ -91,7 +91,7 @@ def report(args: argparse.Namespace) -> str:
     lines.append(f"open them in the MLflow UI{where}: {redacted(runs_table_url(args.store, exp_id))}")
     if chosen.parent is not None:
         lines.append(f"the sweep's parent run (its jobs nest under it): "
-                     f"{redacted(ui_base(args.store))}/#/experiments/{exp_id}/runs/{chosen.parent.info.run_id}")
+                     f"{redacted(run_url(args.store, exp_id, chosen.parent.info.run_id))}")
     return "\n".join(lines)
 
 

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
 # The experiment's kind in MLflow 3's UI: a model-training one (its runs table and view: tamrun.tracking.ui_view).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "forecasting"}
+# A run's last line names its objective, or this metric when it has none.
+MAIN_METRIC = "rmse_test"
 # A figure's PNG at zlib level 1 (Pillow's default is 6): the partial effects' encoding took 0.3 s of a
 # 9 s command at level 6, 3-4x less at level 1, for files about 15 % larger.
 FIGURE_SAVE = {"pil_kwargs": {"compress_level": 1}}
@@ -148,7 +150,7 @@ class TrackedRun:
     """
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str],
-                 objective: Optional[str] = None, number_reruns: bool = False) -> None:
+                 objective: Optional[str] = None, number_reruns: bool = False, folder: Optional[str] = None) -> None:
         self.cfg = cfg
         self.enabled = cfg.enabled
         self.uri = tracking_uri(cfg) if cfg.enabled else (cfg.uri or "")
@@ -165,6 +167,8 @@ class TrackedRun:
         self.artifact_location: Optional[str] = None  # the experiment's
         self.artifact_uri: Optional[str] = None  # the run's
         self.runlog = RunLog()
+        self.folder = folder  # the command's run folder (Hydra's output_dir), named by the run's last line
+        self.metrics: Dict[str, float] = {}  # what log_metrics logged: the last line names the main one
         self._signals = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -350,8 +354,21 @@ class TrackedRun:
             self.client.set_tag(self.run_id, "error_kind", INTERRUPTED)
             self.client.set_terminated(self.run_id, status="KILLED")
             status = "KILLED"
-        log.info("MLflow run %s %s in %s (experiment '%s')", self.run_id, status, redacted(self.uri),
-                 self.experiment_name)  # the run's last line: where it went
+        log.info("%s", self.last_line(status))  # the run's last line: what it is, how it went, where it is
+
+    def last_line(self, status: str) -> str:
+        """``run '<name>' <status>, <main metric>=<value>: <its page in the UI> (MLflow run <id> in <store>,
+        experiment '<name>'; folder <run folder>)``: the main metric is the objective when logged, else
+        ``rmse_test``; absent (a failed run) it is left out, and so is a folder the run was not given."""
+        from tamrun.numbers import significant
+        from tamrun.tracking.ui_view import run_url
+
+        main = next((key for key in (self.objective, MAIN_METRIC) if key and key in self.metrics), None)
+        figure = f", {main}={significant(self.metrics[main])}" if main else ""
+        where = f"MLflow run {self.run_id} in {redacted(self.uri)}, experiment '{self.experiment_name}'"
+        folder = f"; folder {self.folder}" if self.folder else ""
+        return (f"run '{self.run_name}' {status}{figure}: {redacted(run_url(self.uri, self.experiment_id, self.run_id))}"
+                f" ({where}{folder})")
 
     # ---- logging ---------------------------------------------------------------------------------
     def log_params(self, tree: Any) -> None:
@@ -370,6 +387,7 @@ class TrackedRun:
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        self.metrics.update((metric.key, metric.value) for metric in batch)
         for start in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
 

@@ -135,6 +135,11 @@ def ui_base(tracking_uri: str) -> str:
     return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else DEFAULT_UI
 
 
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """The link that opens one run's page."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
     """The link that opens the experiment's runs table in the shared view."""
     return (f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
