@@ -98,9 +98,13 @@ JOBS = [("FINISHED", {"rmse_validation": 2.0, "rmse_test": 1.0}, 6),
         ("FINISHED", {"rmse_validation": 1.7, "rmse_test": 2.0}, 12)]
 
 
-def test_with_a_validation_split_the_best_job_is_the_least_validation_rmse_of_the_finished_ones(tmp_path):
+def test_with_a_validation_split_the_best_job_is_the_least_validation_rmse_of_the_finished_ones(tmp_path, caplog):
     client, info, children = recorded_sweep(tmp_path, JOBS, "rmse_validation", asked=False)
+    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep_summary")
     table = close_sweep(info)
+    # the sweep's line names the chosen job, its metric and its page
+    assert (f"best on rmse_validation: job 1 'k=8' rmse_validation=1.5: http://127.0.0.1:5000/#/experiments/"
+            f"{info['experiment_id']}/runs/{children[1]}; summary in run {info['parent_run_id']}") in caplog.text
     parent = client.get_run(info["parent_run_id"]).data
     assert parent.tags["best_run_id"] == children[1] and parent.metrics["best_rmse_validation"] == 1.5
     assert not any(key.startswith("best_on_test") for key in [*parent.tags, *parent.metrics])
@@ -121,6 +125,8 @@ def test_without_a_validation_split_no_best_is_crowned_on_the_test_year(tmp_path
     assert parent.data.tags["sweep_selection"].startswith("none: rmse_test is a test metric")
     assert table["rmse_test"].tolist()[:2] == [1.0, 3.0]  # the summary still lists the test metrics
     assert "no best run chosen" in caplog.text and parent.info.status == "FAILED"  # job 2 failed
+    assert "1 not FINISHED; none: rmse_test is a test metric and the split has no validation period; summary" \
+        in caplog.text
     artifacts = {a.path for a in client.list_artifacts(info["parent_run_id"], "sweep")}
     assert {"sweep/summary.csv", "sweep/summary.md", "sweep/objective.png"} <= artifacts
 

@@ -84,13 +84,28 @@ def close_sweep(info: Dict[str, Any], aborted: bool = False, client: Any = None,
     parent = info["parent_run_id"]
     swept = list(SweptKeys.from_json(info).labels)
     table = summary_table(client, info["experiment_id"], info["sweep_id"], parent, swept, started)
-    write_summary(client, parent, table, info.get("objective", "rmse_test"), info.get("objective_asked", False),
-                  swept)
+    objective = info.get("objective", "rmse_test")
+    selection, best = write_summary(client, parent, table, objective, info.get("objective_asked", False), swept)
     failed = int((table["status"] != "FINISHED").sum())
     client.set_terminated(parent, status="FAILED" if failed or aborted else "FINISHED")
-    log.info("sweep %s: %d job(s), %d not FINISHED%s; summary in run %s (sweep/summary.md)", info["sweep_id"],
-             len(table), failed, " (aborted)" if aborted else "", parent)
+    log.info("sweep %s: %d job(s), %d not FINISHED%s; %s; summary in run %s (sweep/summary.md)", info["sweep_id"],
+             len(table), failed, " (aborted)" if aborted else "",
+             chosen_job(selection, best, objective, info["tracking_uri"], info["experiment_id"]), parent)
     return table
+
+
+def chosen_job(selection: str, best: Optional[pd.Series], objective: str, tracking_uri: str,
+               experiment_id: str) -> str:
+    """The sweep's choice in words: ``<selection>: job <n> '<run name>' <objective>=<value>: <its page>``;
+    the selection alone when no job was chosen (`crown_best`)."""
+    from tamrun.numbers import significant
+    from tamrun.redact import redacted
+    from tamrun.tracking.ui_view import run_url
+
+    if best is None:
+        return selection + (" (no job has it)" if selection.startswith("best") else "")
+    return (f"{selection}: job {best['job']} '{best['run_name']}' {objective}={significant(float(best[objective]))}: "
+            f"{redacted(run_url(tracking_uri, experiment_id, best['run_id']))}")
 
 
 def best_label(objective: str, asked: bool) -> Optional[str]:
@@ -148,9 +163,9 @@ def sweep_description(table: pd.DataFrame, swept: Sequence[str], selection: str,
 
 
 def write_summary(client: Any, parent_run_id: str, table: pd.DataFrame, objective: str, asked: bool = False,
-                  swept: Sequence[str] = ()) -> None:
+                  swept: Sequence[str] = ()) -> Tuple[str, Optional[pd.Series]]:
     """The sweep's table (CSV and markdown), job and failure counts, best job (see `crown_best`),
-    description and objective plot on the parent run."""
+    description and objective plot on the parent run; returns `crown_best`'s selection and best row."""
     import tempfile
 
     from mlflow.entities import RunTag
@@ -174,3 +189,4 @@ def write_summary(client: Any, parent_run_id: str, table: pd.DataFrame, objectiv
     if len(table):
         figure = sweep_objective_figure(table, objective, swept, best_job=None if best is None else best["job"])
         client.log_figure(parent_run_id, figure, "sweep/objective.png")
+    return selection, best
