@@ -186,3 +186,34 @@ def test_the_residual_boxes_are_the_usual_box_plot_statistics():
         np.testing.assert_allclose([stats[key][at] for key in ("q1", "median", "q3", "low", "high", "mean")],
                                    [reference[key] for key in ("q1", "med", "q3", "whislo", "whishi", "mean")],
                                    rtol=0, atol=1e-12)
+
+
+def test_the_best_run_is_registered_with_an_alias_that_loads_its_model(cg_run, monkeypatch):
+    """`python -m tamrun.compare --best --register NAME` on a real store: version 1 of NAME from the run's
+    LoggedModel, NAME@champion pointing at it and loading a model that predicts what the run did;
+    registering again adds no version."""
+    import subprocess
+    import sys
+
+    result, cfg, store, folder = cg_run
+    command = [sys.executable, "-m", "tamrun.compare", "--store", store, "--best", "--register", "load-forecast"]
+    elsewhere = folder / "elsewhere"  # a working directory apart from the store's
+    elsewhere.mkdir()
+    done = subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"run_id: {result.run_id}" in done.stdout
+    assert "registered: load-forecast version 1, alias load-forecast@champion" in done.stdout
+    again = subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "load-forecast version 1," in again.stdout, again.stdout + again.stderr
+    client = MlflowClient(tracking_uri=store)
+    version = client.get_model_version_by_alias("load-forecast", "champion")
+    assert str(version.version) == "1" and version.run_id == result.run_id
+    assert len(client.search_model_versions("name = 'load-forecast'")) == 1
+    assert not list(elsewhere.iterdir())  # no default store made where the command ran
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    loaded = mlflow.pyfunc.load_model("models:/load-forecast@champion")
+    config, specs = typed_config(cfg)
+    test_frame = load_splits(config, specs).test
+    expected = result.predictions[result.predictions["split"] == "test"].set_index(["date", "group"])["predicted"]
+    in_process = expected.loc[list(zip(test_frame["date"], test_frame["g"]))].to_numpy()
+    np.testing.assert_allclose(np.asarray(loaded.predict(test_frame[["g", "x", "dow"]])), in_process, rtol=0, atol=1e-9)

@@ -43,3 +43,51 @@ def test_a_missing_store_a_missing_experiment_and_no_count_exit_2(tmp_path):
     for args, field in ((["--experiment", "tamrun"], "--experiment='tamrun'"), (["-n", "0"], "--last=0")):
         done = compare("--store", store, *args, cwd=tmp_path)
         assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and field in done.stderr, done.stderr
+
+
+def ranked_store(tmp_path):
+    """Four runs: three FINISHED with rmse_validation 2.0, 1.5, 1.7 and one FAILED with 0.5."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    experiment = client.create_experiment("tamrun")
+    ids = {}
+    for name, value, status in (("a", 2.0, "FINISHED"), ("b", 1.5, "FINISHED"), ("failed", 0.5, "FAILED"),
+                                ("c", 1.7, "FINISHED")):
+        run = client.create_run(experiment, run_name=name).info.run_id
+        client.log_metric(run, "rmse_validation", value)
+        client.log_metric(run, "rmse_test", 10 - value)
+        client.set_terminated(run, status)
+        ids[name] = run
+    return store, ids
+
+
+def test_sort_ranks_least_first_marks_the_best_finished_run_and_names_it(tmp_path):
+    store, ids = ranked_store(tmp_path)
+    done = compare("--store", store, "--sort", "rmse_validation", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    header, *rows = [line.split() for line in done.stdout.split("\n\n")[1].splitlines()]
+    assert header[:4] == ["best", "name", "status", "rmse_validation"]
+    assert [cells[1] for cells in rows if cells[0] == "*"] == ["b"]  # the best marked, alone
+    names = [cells[1] if cells[0] == "*" else cells[0] for cells in rows]
+    assert names == ["b", "c", "a", "failed"]  # the failed run's lower value does not win: it comes last
+    assert "best on rmse_validation (least first)" in done.stdout and "'b' rmse_validation=1.5: " in done.stdout
+    assert f"/runs/{ids['b']}" in done.stdout and "its model: none logged" in done.stdout
+    most = compare("--store", store, "--sort", "rmse_validation", "--descending", "--best", cwd=tmp_path)
+    assert most.returncode == 0 and f"run_id: {ids['a']}" in most.stdout, most.stdout + most.stderr
+    on_test = compare("--store", store, "--sort", "rmse_test", "--best", cwd=tmp_path)
+    assert f"run_id: {ids['b']}" not in on_test.stdout and f"run_id: {ids['a']}" in on_test.stdout
+    assert "leaks the test period" in on_test.stdout  # choosing on a test metric is said to leak
+
+
+def test_the_best_without_sort_is_chosen_on_the_validation_metric_and_refusals_exit_2(tmp_path):
+    store, ids = ranked_store(tmp_path)
+    best = compare("--store", store, "--best", cwd=tmp_path)
+    assert best.returncode == 0, best.stderr
+    assert best.stdout.splitlines()[1:] == [f"run_id: {ids['b']}", "run_name: b", "model_uri: -"]
+    for args, field in ((["--sort", "rmse_tst"], "--sort='rmse_tst'"),
+                        (["--best", "--register", "load"], "--register='load'"),
+                        (["--best", "--filter", "metrics.rmse_validation < 1"], "--sort='rmse_validation'")):
+        done = compare("--store", store, *args, cwd=tmp_path)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and field in done.stderr, done.stderr
+    assert "e.g. rmse_test" in compare("--store", store, "--sort", "rmse_tst", cwd=tmp_path).stderr
+    assert not MlflowClient(store).search_registered_models()  # nothing registered by the refusals

@@ -5,9 +5,16 @@
     python -m tamrun.compare --sweep last                       # the newest sweep's jobs (or a sweep id)
     python -m tamrun.compare --filter "metrics.rmse_test < 1700 and params.route = 'direct'"
     python -m tamrun.compare --store http://tracking-host:5000 --experiment tamrun
+    python -m tamrun.compare --sweep last --sort rmse_validation     # ranked, least first, the best marked
+    python -m tamrun.compare --sweep last --best                      # the best run's id, name and model URI
+    python -m tamrun.compare --sweep last --best --register load-fc   # ... registered as load-fc@champion
+
+The best run (`tamrun.compare.best`): the first FINISHED run on the ranking metric (``--sort``, default
+rmse_validation when a shown run logged it, else rmse_test), least first unless ``--descending``.
 
 Exit codes: 0, or 2 with one line (``tamrun: config error: <option>=<value>: ... Fix: ...``) for a store
-or experiment that does not exist, a filter MLflow cannot parse or one that names a metric no run logged.
+or experiment that does not exist, a filter MLflow cannot parse or one that names a metric no run logged,
+a --sort metric no shown run logged, no best run, a best run without a logged model to register.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
+from tamrun.compare.best import DEFAULT_ALIAS
 from tamrun.errors import ConfigError, TamrunError
 
 DEFAULT_COUNT = 20
@@ -36,6 +44,13 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("-n", "--last", type=int, default=DEFAULT_COUNT, help="how many runs (default: %(default)s)")
     parser.add_argument("--sweep", help="a sweep's jobs: its id (the sweep_id tag) or 'last'")
     parser.add_argument("--filter", default="", help="MLflow's search syntax, e.g. \"metrics.rmse_test < 1700\"")
+    parser.add_argument("--sort", help="rank the runs on this metric, least first, and mark the best")
+    parser.add_argument("--descending", action="store_true", help="with --sort: most first (a metric to maximise)")
+    parser.add_argument("--best", action="store_true", help="print the best run's id, name and model URI only")
+    parser.add_argument("--register", metavar="NAME", help="register the best run's model as a new version of "
+                        "NAME, with the alias --alias (implies --best)")
+    parser.add_argument("--alias", default=DEFAULT_ALIAS, help="the alias --register moves to the new version "
+                        "(default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -85,13 +100,56 @@ def report(args: argparse.Namespace) -> str:
     chosen = (sweep_runs(client, exp_id, args.sweep, args.filter) if args.sweep
               else last_runs(client, exp_id, args.last, args.filter))
     what = f"the jobs of sweep {chosen.sweep_id}" if args.sweep else f"the last {len(chosen.runs)} run(s)"
-    lines = [f"{what} of experiment {args.experiment!r} in {redacted(args.store)}"
-             + (f" matching {args.filter!r}" if args.filter else "") + ":", "", render(chosen.runs), ""]
+    shown = (f"{what} of experiment {args.experiment!r} in {redacted(args.store)}"
+             + (f" matching {args.filter!r}" if args.filter else ""))
+    if args.sort or args.best or args.register:
+        return ranked_report(client, args, chosen.runs, shown)
+    lines = [shown + ":", "", render(chosen.runs), ""]
     where = "" if args.store.startswith("http") else f" (mlflow ui --backend-store-uri {redacted(args.store)})"
     lines.append(f"open them in the MLflow UI{where}: {redacted(runs_table_url(args.store, exp_id))}")
     if chosen.parent is not None:
         lines.append(f"the sweep's parent run (its jobs nest under it): "
                      f"{redacted(run_url(args.store, exp_id, chosen.parent.info.run_id))}")
+    return "\n".join(lines)
+
+
+def ranked_report(client: Any, args: argparse.Namespace, runs: List[Any], shown: str) -> str:
+    """The runs ranked on ``--sort`` with the best marked and named (its model, its page); with ``--best``
+    or ``--register``, the best run alone (and its registration)."""
+    from tamrun.compare.best import best_run, check_sort, logged_model_uri, ranked, ranking_metric, register
+    from tamrun.compare.table import render
+    from tamrun.numbers import significant
+    from tamrun.redact import redacted
+    from tamrun.tracking.ui_view import run_url
+
+    metric = ranking_metric(runs, args.sort)
+    if args.sort:
+        check_sort(metric, runs)
+    best = best_run(runs, metric, args.descending)
+    if best is None and (args.best or args.register):
+        raise ConfigError("--sort", metric, f"no run among {shown} FINISHED with a finite {metric}",
+                          "widen the selection (-n, --sweep, --filter) or sort on a metric the runs logged")
+    model = logged_model_uri(client, best.run) if best is not None else None
+    page = redacted(run_url(args.store, best.run.info.experiment_id, best.run.info.run_id)) if best else ""
+    chosen = (f"best on {metric} ({'most' if args.descending else 'least'} first) of {shown}: "
+              + (f"'{best.name}' {metric}={significant(best.value)}: {page}" if best else "none FINISHED with it"))
+    if "test" in metric.split("_"):
+        chosen += (" (a test metric: choosing on it leaks the test period into the choice; hold out a "
+                   "validation period with split.validation_start)")
+    if not (args.best or args.register):
+        order = ranked(runs, metric, args.descending)
+        return "\n".join([shown + f", ranked on {metric}:", "",
+                          render(order, marked=best.run.info.run_id if best else None), "", chosen,
+                          f"its model: {model or 'none logged (tracking.log_model=false)'}"])
+    lines = [chosen, f"run_id: {best.run.info.run_id}", f"run_name: {best.name}",
+             f"model_uri: {model or '-'}"]
+    if args.register:
+        if model is None:
+            raise ConfigError("--register", args.register, f"the best run '{best.name}' ({best.run.info.run_id}) "
+                              "logged no model", "run it again with tracking.log_model=true (the default)")
+        version = register(client, best, model, args.register, args.store, args.alias)
+        lines.append(f"registered: {args.register} version {version.version}, alias {args.register}@{args.alias} "
+                     f"(mlflow.pyfunc.load_model('models:/{args.register}@{args.alias}'))")
     return "\n".join(lines)
 
 

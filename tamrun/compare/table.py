@@ -3,7 +3,7 @@ figures to 4 significant digits (`tamrun.numbers`), "-" where a run has none."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from tamrun.numbers import significant
 from tamrun.tracking.sweep_names import VALUE_TAG_PREFIX
@@ -13,6 +13,7 @@ MISSING = "-"
 # Metrics shown before the decisive ones when a run logged them (the objective with a validation split).
 OBJECTIVE_METRICS = ("rmse_validation",)
 GAP = "  "
+BEST_MARK = "*"  # the best run's cell in the first column of a ranked table
 
 
 def metric_columns(runs: Sequence[Any]) -> List[str]:
@@ -45,11 +46,16 @@ def row(run: Any, metrics: Sequence[str]) -> List[str]:
             + [data.tags.get(key, MISSING) for key in DECISIVE_TAGS] + [swept_values(data.tags)])
 
 
-def render(runs: Sequence[Any]) -> str:
-    """The table of ``runs`` (header first), columns padded to their widest cell, numbers right-aligned."""
+def render(runs: Sequence[Any], marked: Optional[str] = None) -> str:
+    """The table of ``runs`` (header first), columns padded to their widest cell, numbers right-aligned;
+    given a ``marked`` run id, a first column `BEST_MARK`s that run."""
     metrics = metric_columns(runs)
     header = ["name", "status", *metrics, *DECISIVE_PARAMS, *DECISIVE_TAGS, "swept"]
     rows = [header] + [row(run, metrics) for run in runs]
+    if marked is not None:
+        rows = [["best", *rows[0]]] + [[BEST_MARK if run.info.run_id == marked else "", *cells]
+                                       for run, cells in zip(runs, rows[1:])]
+        header = rows[0]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     numeric = {header.index(key) for key in metrics}
     lines = [GAP.join(cell.rjust(width) if i in numeric else cell.ljust(width)
