@@ -73,6 +73,8 @@ def prediction_batch(design: AdditiveDesign, groups: list, recipe: DataRecipe, d
     frame = recipe.apply(frame)
     if recipe.target not in frame.columns:
         frame = frame.assign(**{recipe.target: 0.0})
+    levels = {effect.column for effect in design.effects if isinstance(effect, CategoricalEffect)}
+    frame = numbers_read(frame, [c for c in design.columns if c not in levels and c != recipe.group and c in frame])
     for effect in design.effects:
         if isinstance(effect, CategoricalEffect):
             unseen = effect.unseen_levels(frame[effect.column].to_numpy())
@@ -81,6 +83,22 @@ def prediction_batch(design: AdditiveDesign, groups: list, recipe: DataRecipe, d
                                 f"level(s) {unseen[:5]} appear in the rows to predict but never in training",
                                 "train on a period that contains every level, or merge rare levels")
     return build_batch(frame, design.columns, recipe.target, recipe.group, dtype, groups=groups)
+
+
+def numbers_read(frame: pd.DataFrame, columns: List[str]) -> pd.DataFrame:
+    """``frame`` with its text ``columns`` read as numbers (a served model's JSON may quote them); a value
+    that is not a number is a `DataError` naming its column."""
+    texts = [column for column in columns if not pd.api.types.is_numeric_dtype(frame[column])]
+    if not texts:
+        return frame
+    read = {}
+    for column in texts:
+        read[column] = pd.to_numeric(frame[column], errors="coerce")
+        bad = read[column].isna() & frame[column].notna()
+        if bad.any():
+            raise DataError(column, frame[column][bad].iloc[0], f"{int(bad.sum())} value(s) of the column to predict "
+                            "from are not numbers", "give numbers in that column (as in the training data)")
+    return frame.assign(**read)
 
 
 @dataclass

@@ -157,7 +157,7 @@ def recording_reserve(tracking: TrackingConfig, n_scored_rows: int) -> int:
 
 
 def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor:
-    """(G, D) float64 coefficients from a run's ``model/coefficients.csv`` (column ``group``, then one
+    """(G, D) float64 coefficients from a run's ``fit/coefficients.csv`` (column ``group``, then one
     column per coefficient), in the order of ``groups``; `ConfigError` naming solver.warm_start when
     the file is unreadable or does not match this model's groups and width."""
     field = "solver.warm_start"
@@ -165,7 +165,7 @@ def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor
         table = pd.read_csv(path)
     except (OSError, ValueError) as error:
         raise ConfigError(field, path, f"cannot read the coefficients ({error})",
-                          "give the path of a coefficients.csv logged by an earlier run (artifact model/)")
+                          "give the path of a coefficients.csv logged by an earlier run (artifact fit/)")
     if "group" not in table.columns or table.shape[1] - 1 != width:
         raise ConfigError(field, path, f"the table has {table.shape[1] - 1} coefficient columns, this model has {width}",
                           "warm-start from a run of the same model (same effects and sizes)")

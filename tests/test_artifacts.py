@@ -62,7 +62,9 @@ def test_the_pyfunc_model_predicts_what_the_run_predicted(cg_run):
                 .set_index(["date", "group"])["predicted"])
     in_process = expected.loc[list(zip(shuffled["date"], shuffled["g"]))].to_numpy()
     assert len(predicted) == len(shuffled) == 24 * 34  # 2021-01-01 .. 2021-02-03
-    assert np.max(np.abs(np.asarray(predicted) - in_process)) <= 1e-9
+    assert list(predicted.columns) == ["g", "predicted"]  # the group as given (no date given), the prediction
+    assert predicted["g"].tolist() == shuffled["g"].tolist()
+    assert np.max(np.abs(predicted["predicted"].to_numpy() - in_process)) <= 1e-9
     with pytest.raises(DataError, match="model.effects.dow.column"):
         loaded.predict(shuffled[["g", "x", "dow"]].assign(dow=9))  # a level never seen in training
 
@@ -216,4 +218,4 @@ def test_the_best_run_is_registered_with_an_alias_that_loads_its_model(cg_run, m
     test_frame = load_splits(config, specs).test
     expected = result.predictions[result.predictions["split"] == "test"].set_index(["date", "group"])["predicted"]
     in_process = expected.loc[list(zip(test_frame["date"], test_frame["g"]))].to_numpy()
-    np.testing.assert_allclose(np.asarray(loaded.predict(test_frame[["g", "x", "dow"]])), in_process, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(loaded.predict(test_frame[["g", "x", "dow"]])["predicted"], in_process, rtol=0, atol=1e-9)

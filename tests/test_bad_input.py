@@ -588,7 +588,7 @@ def _run_csv(tmp_path: Path, monkeypatch, edit, *argv: str, store: Optional[Path
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (logged,) = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id])
     text = Path(client.download_artifacts(logged.info.run_id, "logs/run.log", str(tmp_path))).read_text()
-    coef = pd.read_csv(client.download_artifacts(logged.info.run_id, "model/coefficients.csv", str(tmp_path)))
+    coef = pd.read_csv(client.download_artifacts(logged.info.run_id, "fit/coefficients.csv", str(tmp_path)))
     return logged, text, coef
 
 

@@ -47,7 +47,7 @@ def test_eight_cli_runs_on_one_fresh_store(tmp_path, csv_path):
     with sqlite3.connect(db) as con:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     # one config, one seed, eight processes: bitwise-equal coefficients (CSV at full precision) and metrics
-    coefficients = {Path(client.download_artifacts(r.info.run_id, "model/coefficients.csv", str(tmp_path / r.info.run_name)))
+    coefficients = {Path(client.download_artifacts(r.info.run_id, "fit/coefficients.csv", str(tmp_path / r.info.run_name)))
                     .read_text() for r in runs}
     assert len(coefficients) == 1
     assert len({tuple(sorted(comparable(r.data.metrics).items())) for r in runs}) == 1

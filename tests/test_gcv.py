@@ -229,7 +229,7 @@ def test_a_gcv_run_through_the_command_line_logs_and_fits_with_the_chosen_penalt
     path = json.loads(Path(client.download_artifacts(logged.info.run_id, "gcv/path.json", str(tmp_path))).read_text())
     assert path["chosen"] == chosen and path["configured"] == {"sx": -6.0, "dow": -6.0}
     assert path["offsets"] == [-2.0, -1.0, 0.0, 1.0, 2.0] and path["steps"][0]["effect"] == "sx"
-    coefficients = pd.read_csv(client.download_artifacts(logged.info.run_id, "model/coefficients.csv", str(tmp_path)))
+    coefficients = pd.read_csv(client.download_artifacts(logged.info.run_id, "fit/coefficients.csv", str(tmp_path)))
     by_hand = run(compose_cfg(*csv_overrides(csv_path), "tracking=none",
                               *[f"model.effects.{name}.ap={ap}" for name, ap in chosen.items()]))
     np.testing.assert_allclose(coefficients.drop(columns="group").to_numpy(), by_hand.coef.numpy(), rtol=1e-9,

@@ -44,7 +44,10 @@ def test_a_two_job_sweep_is_comparable_and_its_models_predict_from_raw_rows(tmp_
         models = client.search_logged_models([child.info.experiment_id],
                                              filter_string=f"source_run_id = '{child.info.run_id}'")
         assert len(models) == 1 and models[0].status.name == "READY"
-        predicted = mlflow.pyfunc.load_model(f"models:/{models[0].model_id}").predict(rows_2024)
+        assert models[0].name == "model"  # runs:/<run id>/model loads it
+        predicted = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/model").predict(rows_2024)
+        assert list(predicted.columns) == ["date", "tod", "predicted"]
+        assert (predicted["date"].to_numpy() == rows_2024["date"].to_numpy()).all()
 
         logged = pd.read_parquet(client.download_artifacts(child.info.run_id, "predictions/predictions.parquet",
                                                            str(tmp_path)))
@@ -52,4 +55,4 @@ def test_a_two_job_sweep_is_comparable_and_its_models_predict_from_raw_rows(tmp_
         expected = test.loc[list(zip(rows_2024["date"], rows_2024["tod"]))].to_numpy()
         assert len(predicted) == len(expected) == 17_568
         # the same model, design and coefficients in float64: equal to 1e-6 MW on loads of about 50,000 MW
-        assert np.max(np.abs(np.asarray(predicted) - expected)) <= 1e-6
+        assert np.max(np.abs(predicted["predicted"].to_numpy() - expected)) <= 1e-6

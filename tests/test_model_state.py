@@ -40,7 +40,7 @@ pickle.load = pickle.loads = pickle.Unpickler = torch.load = refuse
 import mlflow.pyfunc, pandas as pd
 rows = pd.read_csv(sys.argv[2], parse_dates=["date"]).head(200)
 model = mlflow.pyfunc.load_model(sys.argv[1])
-print(json.dumps([float(v) for v in model.predict(rows)]))
+print(json.dumps([float(v) for v in model.predict(rows)["predicted"]]))
 """
 
 

@@ -183,7 +183,7 @@ def test_a_model_fitted_under_the_check_pickles_and_predicts_on_the_host(compose
     predicted = loaded.predict(test[["g", "x", "dow"]])
     logged = result.predictions[result.predictions["split"] == "test"].set_index(["date", "group"])["predicted"]
     expected = logged.loc[list(zip(test["date"], test["g"]))].to_numpy()
-    assert np.max(np.abs(np.asarray(predicted) - expected)) <= 1e-9
+    assert np.max(np.abs(predicted["predicted"].to_numpy() - expected)) <= 1e-9
     fitted = loaded.unwrap_python_model().model
     assert all(t.device == HOST for _, t in tensors_in(fitted))
     with PlacementCheck() as check:  # pickling moves a model to the host whatever it holds

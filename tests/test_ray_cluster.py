@@ -86,7 +86,7 @@ def test_a_sweep_on_a_local_ray_cluster_records_every_job_in_the_server(tmp_path
             (model,) = client.search_logged_models([run.info.experiment_id],
                                                    filter_string=f"source_run_id = '{run.info.run_id}'")
             predicted = mlflow.pyfunc.load_model(f"models:/{model.model_id}").predict(rows)
-            assert len(predicted) == len(rows) and pd.Series(predicted).notna().all()
+            assert len(predicted) == len(rows) and predicted["predicted"].notna().all()
     print(f"ray sweep test ({backend}): {time.monotonic() - started:.0f} s")
 
 

@@ -86,7 +86,7 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
         assert tags["mlflow.source.git.commit"] == head.stdout.strip()
     paths = artifact_paths(client, result.run_id)
     assert {"config/resolved.yaml", "config/overrides.txt", "predictions/predictions.parquet",
-            "plots/forecast.png", "model/coefficients.csv", "memory/report.json", "memory/report.txt",
+            "plots/forecast.png", "fit/coefficients.csv", "memory/report.json", "memory/report.txt",
             "plots/memory_timeline.png"} <= paths
     local = client.download_artifacts(result.run_id, "predictions/predictions.parquet", str(tmp_path))
     logged_predictions = pd.read_parquet(local)
@@ -138,7 +138,7 @@ def test_cg_warm_start_from_a_logged_run_needs_fewer_iterations(compose_cfg, sto
     overrides = csv_overrides(csv_path) + ["solver=cg", "solver.preconditioner=jacobi", "solver.tol=1e-10"]
     cold = run(compose_cfg(*overrides))
     client = MlflowClient(tracking_uri=store_uri)
-    path = client.download_artifacts(cold.run_id, "model/coefficients.csv")
+    path = client.download_artifacts(cold.run_id, "fit/coefficients.csv")
     warm = run(compose_cfg(*overrides, f"solver.warm_start={path}"))
     assert cold.stats.cg_iterations > 5 and warm.stats.cg_iterations <= 1
     np.testing.assert_allclose(warm.coef.numpy(), cold.coef.numpy(), rtol=1e-6, atol=1e-9)

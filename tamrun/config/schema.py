@@ -396,7 +396,7 @@ class SolverConfig:
     # Dual form: rows of K's lower triangle built at a time (the temporaries are about
     # dual_tile_rows x N x (2 itemsize + 2) bytes).
     dual_tile_rows: int = 1024
-    # CG starts from these coefficients (a run's model/coefficients.csv, same model and groups) instead
+    # CG starts from these coefficients (a run's fit/coefficients.csv, same model and groups) instead
     # of zeros; None = zeros.
     warm_start: Optional[str] = None
 
@@ -417,7 +417,8 @@ class TrackingConfig:
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
-    # The fitted model as an MLflow pyfunc (artifact model/pyfunc, with signature and input example).
+    # The fitted model as an MLflow LoggedModel named "model" (runs:/<run id>/model), with its signature,
+    # input example and tamrun's own code (tamrun/tracking/pyfunc_model.py).
     log_model: bool = True
     # sqlite stores: each connection waits this long for a lock held by another process.
     busy_timeout_s: float = 60.0

@@ -61,14 +61,14 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callabl
     report = memory_report(plan, prepared.recorder, prepared.oom_log, prepared.limit, prepared.tracker.peak)
     tracked.log_json(report, "memory/report.json")
     tracked.log_text(report_text(report, plan), "memory/report.txt")
-    tracked.log_text(describe(fit.model.design) + "\n", "model/design.txt")
+    tracked.log_text(describe(fit.model.design) + "\n", "fit/design.txt")
     if config.tracking.log_predictions and tracked.enabled:
         tracked.log_frame(table(), "predictions/predictions.parquet")
         tracked.log_frame(group_metrics(table()), "predictions/group_metrics.csv")
-    tracked.log_frame(coefficients_frame(fit), "model/coefficients.csv")
+    tracked.log_frame(coefficients_frame(fit), "fit/coefficients.csv")
     if config.tracking.log_plots and tracked.enabled:
         log_run_plots(tracked, config, fit, table(), metrics, report, prepared.limit)
     if config.tracking.log_model and tracked.enabled:
-        from tamrun.tracking.pyfunc_model import log_pyfunc_model  # mlflow.pyfunc: imported only when used
+        from tamrun.tracking.pyfunc_model import LOGGED_MODEL_NAME, log_pyfunc_model  # imported only when used
 
-        log_pyfunc_model(tracked, f"{config.model.name}-{config.data.name}", fit.model, prepared.splits.test)
+        log_pyfunc_model(tracked, LOGGED_MODEL_NAME, fit.model, prepared.splits.test)

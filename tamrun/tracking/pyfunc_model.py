@@ -1,4 +1,5 @@
-"""The fitted model as an MLflow 3 LoggedModel: ``mlflow.pyfunc.load_model("models:/<model_id>")``.
+"""The fitted model as an MLflow 3 LoggedModel named "model": ``mlflow.pyfunc.load_model("runs:/<run id>/model")``
+(or ``models:/<model_id>``, or a registered ``models:/<name>@champion``).
 
 The model is logged as code (`tamrun.tracking.pyfunc_code`, MLflow's models-from-code: no object is
 cloudpickled) plus one artifact folder, the `tamrun.fitted.FittedModel` on the CPU as data
@@ -7,27 +8,32 @@ nothing): the design with its per-group feature ranges and each effect's state, 
 coefficients, the group order and the data recipe (derived columns, the time index's origin, the date,
 target and group columns).
 
+It runs where tamrun is not installed: tamrun's own code travels with it (MLflow's ``code_paths``, the
+package without its embedded data), and its requirements are tamrun's dependencies at this
+environment's versions, torch from PyTorch's CPU index (`requirements`): ``mlflow models serve`` and
+``mlflow models predict`` build that environment and serve it.
+
 Its input is the user's raw table: the group column, the effects' columns that are read from the
 file, and what the derived columns are computed from (the date for a time index, an ``isin``'s
-column, the columns an expression names): `FittedModel.raw_columns`, which its signature lists.
-Its output is one prediction per input row, in the input's order (`FittedModel.predict_values`).
-The LoggedModel is linked to its run (the UI's Models column) and registered in one command:
-``mlflow.register_model("models:/<model_id>", "<name>")``.
+column, the columns an expression names): `FittedModel.raw_columns`, which its signature lists; the
+date may be text (CSV or JSON: ``2024-01-01 00:30``) or a datetime. Its output is a table, one row per
+input row in the input's order: the date and group columns as given, and `PREDICTION`
+(`prediction_table`). The LoggedModel is linked to its run (the UI's Models column) and registered by
+``python -m tamrun.compare --best --register <name>``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
 import mlflow.pyfunc
-import numpy as np
 import pandas as pd
-import torch
 
 import tamrun
 from tamrun.filesystem import writing
@@ -39,6 +45,14 @@ from tamrun.tracking.store import local_folder
 log = logging.getLogger(__name__)
 
 FITTED_ARTIFACT = "fitted"  # the FittedModel's state folder, among the model's artifacts
+# The LoggedModel's name: MLflow resolves runs:/<run id>/<name> to the run's LoggedModel of that name
+# first, so runs:/<run id>/model loads it (the run's artifact folders are named apart: fit/, plots/, ...).
+LOGGED_MODEL_NAME = "model"
+PREDICTION = "predicted"  # the output table's prediction column
+# What of the tamrun package does not travel with a model: caches and the embedded data (5 MB).
+CODE_LEFT_OUT = ("__pycache__", "*.pyc", "national")
+# Where pip finds torch's CPU build (PyPI's Linux wheel is the CUDA one, several GB).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CODE_FILE = Path(__file__).with_name("pyfunc_code.py")
 EXAMPLE_ROWS = 5
 
@@ -52,16 +66,55 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         self.model = load_state(Path(context.artifacts[FITTED_ARTIFACT]))
 
-    def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> np.ndarray:
-        """One prediction per row of ``model_input`` (unseen groups or levels: `tamrun.errors.DataError`)."""
-        return self.model.predict_values(model_input)
+    def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
+        """`prediction_table` of ``model_input`` (unseen groups or levels: `tamrun.errors.DataError`)."""
+        return prediction_table(self.model, model_input)
+
+
+def prediction_table(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per row of ``frame``, in its order: its date and group columns (those it has) as given,
+    and `PREDICTION`."""
+    frame = pd.DataFrame(frame).reset_index(drop=True)
+    keys = [column for column in (model.recipe.date_column, model.recipe.group) if column and column in frame.columns]
+    table = frame[keys].copy()
+    table[PREDICTION] = model.predict_values(frame)
+    return table
+
+
+def text_or_datetime(signature: Any, column: str) -> Any:
+    """``signature`` with ``column`` and the floating-point columns of its input and output of any type:
+    a date comes as text from CSV and JSON and as a datetime from pandas, and a float column whose values
+    are whole numbers is read from CSV as integers (MLflow's schema would refuse one or the other; the
+    model reads both, `tamrun.data.batch`)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
+
+    def loosened(schema: Schema) -> Schema:
+        return Schema([ColSpec(AnyType(), spec.name, required=spec.required)
+                       if spec.name == column or spec.type in (DataType.double, DataType.float) else spec
+                       for spec in schema.inputs])
+
+    return ModelSignature(inputs=loosened(signature.inputs), outputs=loosened(signature.outputs))
+
+
+def package_code(folder: Path) -> Path:
+    """A copy of the tamrun package under ``folder`` (without `CODE_LEFT_OUT`), for ``code_paths``."""
+    target = folder / "tamrun"
+    shutil.copytree(Path(tamrun.__file__).parent, target, ignore=shutil.ignore_patterns(*CODE_LEFT_OUT))
+    return target
 
 
 def requirements() -> List[str]:
-    import safetensors
+    """tamrun's own dependencies (not its extras) pinned at this environment's versions, torch's build
+    taken from `TORCH_CPU_INDEX` (a local version such as +cpu dropped: pip prefers that index's CPU
+    build of the same version). tamrun itself is not among them: its code travels with the model."""
+    from importlib.metadata import requires, version
 
-    return [f"tamrun=={tamrun.__version__}", f"torch=={torch.__version__.split('+')[0]}",
-            f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}", f"safetensors=={safetensors.__version__}"]
+    from packaging.requirements import Requirement
+
+    names = [Requirement(line).name for line in requires("tamrun") or [] if "extra ==" not in line]
+    pins = [f"{name}=={version(name).split('+')[0]}" for name in sorted(set(names) | {"mlflow", "torch"})]
+    return [f"--extra-index-url {TORCH_CPU_INDEX}", *pins]
 
 
 @contextlib.contextmanager
@@ -107,15 +160,18 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
             info = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=tracked.run_id,
                          model_id=logged.model_id)
             path = Path(tmp) / "model"
+            signature = text_or_datetime(infer_signature(sample, prediction_table(model, sample)),
+                                         model.recipe.date_column)
             mlflow.pyfunc.save_model(str(path), python_model=str(CODE_FILE), artifacts={FITTED_ARTIFACT: str(state)},
-                                     signature=infer_signature(sample, model.predict_values(sample)),
-                                     input_example=sample, pip_requirements=requirements(), mlflow_model=info)
+                                     signature=signature, input_example=sample, pip_requirements=requirements(),
+                                     code_paths=[str(package_code(Path(tmp) / "code"))], mlflow_model=info)
             with writing(local_folder(logged.artifact_location)):
                 client.log_model_artifacts(logged.model_id, str(path))
     except BaseException:
         client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
         raise
     client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-    log.info("model logged: models:/%s (mlflow.pyfunc.load_model; register it with "
-             "mlflow.register_model('models:/%s', '<name>'))", logged.model_id, logged.model_id)
+    log.info("model logged: runs:/%s/%s (models:/%s; mlflow.pyfunc.load_model or mlflow models serve -m; the best "
+             "run's registered by python -m tamrun.compare --best --register <name>)", tracked.run_id, name,
+             logged.model_id)
     return logged.model_id
