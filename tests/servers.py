@@ -125,3 +125,37 @@ def mlflow_server(folder: Path, backend: Optional[str] = None, workers: int = 1)
         yield server.start().uri
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def model_server(python: str, model: str, log: Path, env: Optional[dict] = None) -> Iterator[str]:
+    """`mlflow models serve -m <model> --env-manager local` of the Python ``python`` (its environment
+    serves the model) on 127.0.0.1; yields its URL once /ping answers and stops its process group
+    afterwards."""
+    port = free_port()
+    path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # MLflow runs its server by name (uvicorn)
+    with open(log, "a") as out:
+        process = subprocess.Popen([python, "-m", "mlflow", "models", "serve", "-m", model, "--env-manager", "local",
+                                    "--host", "127.0.0.1", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env={**os.environ, "PATH": path, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"the model server did not answer /ping:\n{log.read_text()[-3000:]}"
+                time.sleep(0.5)
+        yield url
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)

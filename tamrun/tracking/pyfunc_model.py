@@ -16,7 +16,8 @@ environment's versions, torch from PyTorch's CPU index (`requirements`): ``mlflo
 Its input is the user's raw table: the group column, the effects' columns that are read from the
 file, and what the derived columns are computed from (the date for a time index, an ``isin``'s
 column, the columns an expression names): `FittedModel.raw_columns`, which its signature lists; the
-date may be text (CSV or JSON: ``2024-01-01 00:30``) or a datetime. Its output is a table, one row per
+date is text, as in the file and in a CSV or JSON request (``2024-01-01 00:30:00``; `dates_as_text`
+for a parsed column). Its output is a table, one row per
 input row in the input's order: the date and group columns as given, and `PREDICTION`
 (`prediction_table`). The LoggedModel is linked to its run (the UI's Models column) and registered by
 ``python -m tamrun.compare --best --register <name>``.
@@ -49,6 +50,7 @@ FITTED_ARTIFACT = "fitted"  # the FittedModel's state folder, among the model's 
 # first, so runs:/<run id>/model loads it (the run's artifact folders are named apart: fit/, plots/, ...).
 LOGGED_MODEL_NAME = "model"
 PREDICTION = "predicted"  # the output table's prediction column
+DATE_TEXT = "%Y-%m-%d %H:%M:%S"  # how the signature's example writes a date (any text pandas parses is read)
 # What of the tamrun package does not travel with a model: caches and the embedded data (5 MB).
 CODE_LEFT_OUT = ("__pycache__", "*.pyc", "national")
 # Where pip finds torch's CPU build (PyPI's Linux wheel is the CUDA one, several GB).
@@ -81,20 +83,13 @@ def prediction_table(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def text_or_datetime(signature: Any, column: str) -> Any:
-    """``signature`` with ``column`` and the floating-point columns of its input and output of any type:
-    a date comes as text from CSV and JSON and as a datetime from pandas, and a float column whose values
-    are whole numbers is read from CSV as integers (MLflow's schema would refuse one or the other; the
-    model reads both, `tamrun.data.batch`)."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
-
-    def loosened(schema: Schema) -> Schema:
-        return Schema([ColSpec(AnyType(), spec.name, required=spec.required)
-                       if spec.name == column or spec.type in (DataType.double, DataType.float) else spec
-                       for spec in schema.inputs])
-
-    return ModelSignature(inputs=loosened(signature.inputs), outputs=loosened(signature.outputs))
+def dates_as_text(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """``frame`` with its date ``column`` (when it has it, parsed) written as text, ``2024-01-01 00:30:00``:
+    the model's signature types the date as text, as a CSV or a JSON request carries it (MLflow's schema
+    has no type that CSV, JSON and pandas datetimes all pass)."""
+    if column not in frame.columns or not pd.api.types.is_datetime64_any_dtype(frame[column]):
+        return frame
+    return frame.assign(**{column: frame[column].dt.strftime(DATE_TEXT).astype(object)})
 
 
 def package_code(folder: Path) -> Path:
@@ -145,7 +140,8 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
     from mlflow.models import Model, infer_signature
 
     model = fitted.to(HOST)  # every tensor of it: it loads on a machine without a GPU
-    sample = example[model.raw_columns(example.columns)].head(EXAMPLE_ROWS).reset_index(drop=True)
+    sample = dates_as_text(example[model.raw_columns(example.columns)].head(EXAMPLE_ROWS).reset_index(drop=True),
+                           model.recipe.date_column)
     client = tracked.client
     logged = client.create_logged_model(tracked.experiment_id, name=name, source_run_id=tracked.run_id,
                                         model_type="tamrun", tags={"tamrun_version": tamrun.__version__})
@@ -160,8 +156,7 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
             info = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=tracked.run_id,
                          model_id=logged.model_id)
             path = Path(tmp) / "model"
-            signature = text_or_datetime(infer_signature(sample, prediction_table(model, sample)),
-                                         model.recipe.date_column)
+            signature = infer_signature(sample, prediction_table(model, sample))
             mlflow.pyfunc.save_model(str(path), python_model=str(CODE_FILE), artifacts={FITTED_ARTIFACT: str(state)},
                                      signature=signature, input_example=sample, pip_requirements=requirements(),
                                      code_paths=[str(package_code(Path(tmp) / "code"))], mlflow_model=info)

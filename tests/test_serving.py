@@ -1,0 +1,115 @@
+"""The logged model served the MLflow way (`mlflow models serve`, a real HTTP server on 127.0.0.1): from
+this environment, and from an environment built from nothing but the model's own requirements.txt
+(tamrun not installed there: its code travels with the model). Rows of the national table as the user
+has them, dates as text, sent as CSV and as JSON; the answer is a table (date, group, prediction) equal
+to the run's own test predictions (float64, to 1e-9 MW)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from tamrun.data.load import embedded_path
+from tamrun.runner import run
+
+from servers import model_server
+
+DAYS = "2024-01-0"  # the rows of 2024-01-01 .. 2024-01-09: 432 half-hours of the test year
+ENV_BUILD_TIMEOUT_S = 1500  # pip installing the model's requirements (torch from the local wheel) on 2 cores
+
+
+@pytest.fixture(scope="module")
+def national(tmp_path_factory):
+    """A default run (fourier on the embedded national data, recorded with its model) and the rows to
+    serve, read as text."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tamrun.config.load import config_dir
+    from tamrun.config.store import register_configs
+
+    folder = tmp_path_factory.mktemp("serving")
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"tracking.uri={store}", "tracking.log_plots=false",
+                                                       "progress=off"])
+    GlobalHydra.instance().clear()
+    result = run(cfg)
+    rows = pd.read_csv(embedded_path(), dtype={"date": str})  # the file as it is: dates are text
+    rows = rows[rows["date"].str.startswith(DAYS)].reset_index(drop=True)
+    test = result.predictions[result.predictions["split"] == "test"].set_index(["date", "group"])["predicted"]
+    expected = test.loc[list(zip(pd.to_datetime(rows["date"]), rows["tod"]))].to_numpy()
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (logged,) = client.search_logged_models([client.get_run(result.run_id).info.experiment_id])
+    model = mlflow.artifacts.download_artifacts(artifact_uri=logged.artifact_location, dst_path=str(folder / "model"))
+    return {"store": store, "run_id": result.run_id, "rows": rows, "expected": expected, "model": model,
+            "folder": folder}
+
+
+def invoke(url: str, body: bytes, content_type: str) -> pd.DataFrame:
+    """POST ``body`` to the server's /invocations; its predictions as a table."""
+    request = urllib.request.Request(f"{url}/invocations", data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            return pd.DataFrame(json.loads(answer.read())["predictions"])
+    except urllib.error.HTTPError as refused:
+        raise AssertionError(f"{refused}: {refused.read().decode()[:3000]}") from None
+
+
+def check_served(url: str, national: dict) -> None:
+    """CSV and JSON (dataframe_split, dates as text) give the run's predictions, with their date and group."""
+    rows = national["rows"]
+    as_csv = invoke(url, rows.to_csv(index=False).encode(), "text/csv")
+    as_json = invoke(url, json.dumps({"dataframe_split": json.loads(rows.to_json(orient="split", index=False))}
+                                     ).encode(), "application/json")
+    for served in (as_csv, as_json):
+        assert list(served.columns) == ["date", "tod", "predicted"]
+        assert served["date"].tolist() == rows["date"].tolist() and served["tod"].tolist() == rows["tod"].tolist()
+        np.testing.assert_allclose(served["predicted"].to_numpy(), national["expected"], rtol=0, atol=1e-9)
+
+
+def test_the_run_s_model_serves_csv_and_json_rows_with_dates_as_text(national, tmp_path):
+    """`mlflow models serve -m runs:/<id>/model` in this environment."""
+    env = {"MLFLOW_TRACKING_URI": national["store"], "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    with model_server(sys.executable, f"runs:/{national['run_id']}/model", tmp_path / "serve.log", env) as url:
+        check_served(url, national)
+        bad = national["rows"].assign(temperature_smooth_950="warm").head(3)
+        with pytest.raises(AssertionError, match="HTTP Error 400") as refused:  # a bad request, not a crash
+            invoke(url, bad.to_csv(index=False).encode(), "text/csv")
+        assert "could not convert string to float: 'warm'" in str(refused.value)
+        split = json.loads(bad.to_json(orient="split", index=False))
+        with pytest.raises(AssertionError, match="HTTP Error 400") as refused:
+            invoke(url, json.dumps({"dataframe_split": split}).encode(), "application/json")
+        assert "temperature_smooth_950" in str(refused.value)  # the column named
+
+
+def test_the_model_serves_from_an_environment_built_from_its_own_requirements(national, tmp_path):
+    """A new virtual environment with only the model's requirements.txt installed (pip; an unreachable
+    index is tried once, PIP_RETRIES=0): tamrun cannot be imported there, yet the model serves the same
+    predictions (its code travels with it)."""
+    requirements = Path(national["model"]) / "requirements.txt"
+    listed = requirements.read_text()
+    assert "tamrun" not in listed and "--extra-index-url https://download.pytorch.org/whl/cpu" in listed
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=300)
+    python = str(env_dir / "bin" / "python")
+    installed = subprocess.run([python, "-m", "pip", "install", "-q", "-r", str(requirements)], capture_output=True,
+                               text=True, timeout=ENV_BUILD_TIMEOUT_S, env={**os.environ, "PIP_RETRIES": "0"})
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    alone = subprocess.run([python, "-c", "import tamrun"], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path)
+    assert "No module named 'tamrun'" in alone.stderr  # not installed in the model's environment
+    with model_server(python, national["model"], tmp_path / "serve.log") as url:
+        check_served(url, national)
