@@ -1,6 +1,8 @@
 """Servers the team tests start on 127.0.0.1 and stop themselves: a throw-away PostgreSQL cluster
 (Debian's binaries) and `mlflow server` over a sqlite file or that database, artifacts served by the
-server (--serve-artifacts). Used by tests/test_postgres.py and tests/test_ray_cluster.py."""
+server (--serve-artifacts), open or locked (`locked_server`: MLflow's basic-auth app behind uvicorn's TLS,
+a self-signed certificate, as docs/scale.md sets it up). Used by tests/test_postgres.py,
+tests/test_ray_cluster.py, tests/test_team_cluster.py and tests/test_locked_server.py."""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -77,10 +80,12 @@ class MlflowServer:
     """`mlflow server` on 127.0.0.1 over ``backend`` (a database URI) with artifacts served from
     ``artifacts``; its process group is stopped by `stop` (a signal to the whole group)."""
 
-    def __init__(self, backend: str, artifacts: Path, log: Path, workers: int = 2, extra: Sequence[str] = ()) -> None:
+    def __init__(self, backend: str, artifacts: Path, log: Path, workers: int = 2, extra: Sequence[str] = (),
+                 env: Optional[Dict[str, str]] = None, certificate: Optional[Path] = None) -> None:
         self.backend, self.artifacts, self.log, self.workers, self.extra = backend, artifacts, log, workers, list(extra)
+        self.env, self.certificate = dict(env or {}), certificate  # certificate: served over TLS, trusting it
         self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
+        self.uri = f"{'https' if certificate else 'http'}://127.0.0.1:{self.port}"
         self.process: Optional[subprocess.Popen] = None
 
     def start(self) -> "MlflowServer":
@@ -89,12 +94,13 @@ class MlflowServer:
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend, "--serve-artifacts",
                  "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
                  "--workers", str(self.workers), *self.extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, **TRACKING_ONLY})
+                env={**os.environ, **TRACKING_ONLY, **self.env})
+        trust = ssl.create_default_context(cafile=str(self.certificate)) if self.certificate else None
         deadline = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
             try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2, context=trust):
                     return self
             except OSError:
                 time.sleep(0.5)
@@ -159,3 +165,95 @@ def model_server(python: str, model: str, log: Path, env: Optional[dict] = None)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
+
+
+# --- a locked server: MLflow's basic-auth app behind TLS (docs/scale.md) -----------------------------------
+
+ADMIN = "admin"
+# Passwords of the locked server's accounts (MLflow's auth app wants at least 12 characters): the admin's
+# first one (its bootstrap), then the one it is changed to, and the two users'.
+FIRST_ADMIN_PASSWORD, ADMIN_PASSWORD = "first-admin-pw-0", "changed-admin-pw-1"
+USERS = {"writer": "writer-secret-pw-2", "reader": "reader-secret-pw-3"}
+TEAM_EXPERIMENT = "team"
+TEAM_PERMISSIONS = {"writer": "EDIT", "reader": "READ"}
+CERTIFICATE_DAYS = 2
+AUTH_INI = """[mlflow]
+default_permission = NO_PERMISSIONS
+database_uri = sqlite:///{folder}/basic_auth.db
+admin_username = {admin}
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+"""
+
+
+def self_signed_certificate(folder: Path) -> Path:
+    """A self-signed certificate (and its key, ``server.key``) for 127.0.0.1 and localhost in ``folder``,
+    made as docs/scale.md makes it (openssl); returns the certificate's path."""
+    key, certificate = folder / "server.key", folder / "server.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(certificate), "-days", str(CERTIFICATE_DAYS), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return certificate
+
+
+def credentials(user: Optional[str], password: Optional[str], certificate: Optional[Path]) -> Dict[str, str]:
+    """MLflow's client variables for ``user`` (none given: no credentials) trusting ``certificate``."""
+    env = {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password,
+           "MLFLOW_TRACKING_SERVER_CERT_PATH": str(certificate) if certificate else None}
+    return {name: value for name, value in env.items() if value is not None}
+
+
+@contextlib.contextmanager
+def client_env(env: Dict[str, str]) -> Iterator[None]:
+    """This process's MLflow client variables set to ``env`` (the others of them unset) for the block."""
+    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+             "MLFLOW_TRACKING_SERVER_CERT_PATH", "MLFLOW_TRACKING_INSECURE_TLS")
+    saved = {name: os.environ.pop(name, None) for name in names}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name in names:
+            os.environ.pop(name, None)
+            if saved[name] is not None:
+                os.environ[name] = saved[name]
+
+
+def lock_down(server: MlflowServer) -> None:
+    """As its admin: the admin's password changed from its first one, the users created and the team
+    experiment made, one user may EDIT it and the other only READ (`TEAM_PERMISSIONS`)."""
+    from mlflow.server import get_app_client
+    from mlflow.tracking import MlflowClient
+
+    with client_env(credentials(ADMIN, FIRST_ADMIN_PASSWORD, server.certificate)):
+        get_app_client("basic-auth", tracking_uri=server.uri).update_user_password(ADMIN, ADMIN_PASSWORD,
+                                                                                  current_password=FIRST_ADMIN_PASSWORD)
+    with client_env(credentials(ADMIN, ADMIN_PASSWORD, server.certificate)):
+        auth = get_app_client("basic-auth", tracking_uri=server.uri)
+        for user, password in USERS.items():
+            auth.create_user(user, password)
+        experiment = MlflowClient(tracking_uri=server.uri).create_experiment(TEAM_EXPERIMENT)
+        for user, permission in TEAM_PERMISSIONS.items():
+            auth.grant_user_permission(user, "experiment", experiment, permission)
+
+
+@contextlib.contextmanager
+def locked_server(folder: Path, backend: Optional[str] = None, workers: int = 1) -> Iterator[MlflowServer]:
+    """`mlflow server --app-name basic-auth` over TLS (uvicorn's ssl options, a self-signed certificate) on
+    127.0.0.1, ``--allowed-hosts`` naming it, a new user allowed nothing (NO_PERMISSIONS), locked down by
+    `lock_down`; yields the running server and stops it afterwards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    certificate = self_signed_certificate(folder)
+    config = folder / "basic_auth.ini"
+    config.write_text(AUTH_INI.format(folder=folder, admin=ADMIN))
+    env = {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_PASSWORD": FIRST_ADMIN_PASSWORD,
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "tests-csrf-key"}
+    server = MlflowServer(backend or f"sqlite:///{folder / 'mlflow.db'}", folder / "artifacts", folder / "server.log",
+                          workers, env=env, certificate=certificate)
+    server.extra = ["--app-name", "basic-auth", "--uvicorn-opts",
+                    f"--ssl-keyfile {folder / 'server.key'} --ssl-certfile {certificate}",
+                    "--allowed-hosts", f"127.0.0.1:{server.port},localhost:{server.port}"]
+    try:
+        lock_down(server.start())
+        yield server
+    finally:
+        server.stop()

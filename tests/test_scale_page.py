@@ -5,10 +5,12 @@ page's PostgreSQL commands switch user with runuser).
 What differs per machine is given the way the page says, through the environment its first block reads:
 ROOT (a fresh folder, under a temporary one the postgres user may enter), VENV (this interpreter's virtual
 environment), PGPORT, PORT and RAYPORT (free ports). Nothing else of the page is changed or left out: its
-blocks install tamrun with the extras they name, start PostgreSQL, `mlflow server` on it, two sweeps against
-it, a 2-node Ray cluster and a sweep on it; the last block stops them. The test checks what the sweeps
-recorded (every job FINISHED under its parent, the Ray jobs on both nodes with the shell's tracking
-variables), then runs the last block and checks that nothing it started is left. Whatever a failing
+blocks install tamrun with the extras they name, start PostgreSQL, `mlflow server` on it locked (MLflow's
+basic-auth app, TLS with a self-signed certificate, an admin, alice who may EDIT, bob who may READ), two
+sweeps against it as alice, a 2-node Ray cluster and a sweep on it, the runs compared by bob and a job of
+his refused; the last block stops them. The test checks what the sweeps recorded (every job FINISHED under
+its parent, the Ray jobs on both nodes with the shell's tracking variables, no password in Ray's folder),
+what bob saw, then runs the last block and checks that nothing it started is left. Whatever a failing
 block leaves running is stopped by the fixture: the process groups of the blocks, the processes the page's
 pid files name, and PostgreSQL (pg_ctl stop).
 """
@@ -139,7 +141,7 @@ def walkthrough():
 
 def test_the_page_is_a_walkthrough_of_sh_blocks_that_read_its_first_one():
     blocks = page_blocks()
-    assert len(blocks) == 8, [b.splitlines()[0] for b in blocks]
+    assert len(blocks) == 11, [b.splitlines()[0] for b in blocks]
     assert all(f"{name}=${{{name}:-" in blocks[0] for name in ("ROOT", "VENV", "PGPORT", "PORT", "RAYPORT"))
     assert "/srv" not in "\n".join(blocks) and "pip install 'tamrun[" not in "\n".join(blocks)
     for block in blocks[1:]:  # the venv's executables, never a bare python, mlflow or ray
@@ -147,15 +149,21 @@ def test_the_page_is_a_walkthrough_of_sh_blocks_that_read_its_first_one():
             assert not line.lstrip().startswith(("python ", "mlflow ", "ray ", "pip ")), line
 
 
-def test_every_block_of_the_page_runs_as_written(walkthrough):
-    """Every block exits 0; the server on PostgreSQL holds both sweeps: the parallel one's 3 jobs and the
-    Ray one's 4, each FINISHED under its FINISHED parent, the Ray jobs on both nodes, each handed the
-    shell's MLFLOW_TRACKING_URI, the artifacts served by the server."""
+def test_every_block_of_the_page_runs_as_written(walkthrough, monkeypatch):
+    """Every block exits 0; the locked server on PostgreSQL holds both sweeps, as bob (READ) sees them: the
+    parallel one's 3 jobs and the Ray one's 4, each FINISHED under its FINISHED parent, the Ray jobs on both
+    nodes, each handed the shell's MLFLOW_TRACKING_URI and alice's credentials (the password by name only,
+    in no file of Ray's folder), the artifacts served by the server; bob's compare listed the Ray sweep, his
+    job was refused with one line."""
     page = walkthrough
     assert len(page.results) == len(page.blocks) - 1, shown(page.results[-1])
     for done in page.results:
         assert done.returncode == 0, shown(done)
-    client = MlflowClient(tracking_uri=f"http://127.0.0.1:{page.env['PORT']}")
+    secrets = page.root / "secrets"
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "bob")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", (secrets / "bob").read_text().strip())
+    monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(page.root / "tls" / "server.crt"))
+    client = MlflowClient(tracking_uri=f"https://127.0.0.1:{page.env['PORT']}")
     runs = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id], max_results=100)
     parents = {r.data.tags["sweep_id"]: r for r in runs if r.data.tags.get("sweep_role") == "parent"}
     assert len(parents) == 2 and {r.info.status for r in parents.values()} == {"FINISHED"}
@@ -169,7 +177,14 @@ def test_every_block_of_the_page_runs_as_written(walkthrough):
         assert run.data.tags["mlflow.parentRunId"] == parents[run.data.tags["sweep_id"]].info.run_id
     assert sorted(r.data.params["model.effects.toy.ap"] for r in on_ray) == ["-3", "-4", "-5", "-6"]
     assert len({r.data.tags["ray.node_id"] for r in on_ray}) == 2
-    assert all("MLFLOW_TRACKING_URI" in r.data.tags["ray.env"].split(", ") for r in on_ray)
+    assert all({"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME"} <= set(r.data.tags["ray.env"].split(", "))
+               for r in on_ray)
+    alice = (secrets / "alice").read_text().strip()
+    assert not [path for path in (page.root / "ray").rglob("*") if path.is_file() and not path.is_socket()
+                and alice.encode() in path.read_bytes()]
+    compared = page.results[-1].stdout
+    assert all(r.data.tags["mlflow.runName"] in compared for r in on_ray), compared
+    assert "tamrun: config error: MLFLOW_TRACKING_USERNAME='bob'" in compared and alice not in compared
     assert {Path(r.data.tags["sweep_dir"]).name for r in parents.values()} == {"penalties", "ray-penalties"}
 
 

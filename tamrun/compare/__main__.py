@@ -14,7 +14,9 @@ rmse_validation when a shown run logged it, else rmse_test), least first unless 
 
 Exit codes: 0, or 2 with one line (``tamrun: config error: <option>=<value>: ... Fix: ...``) for a store
 or experiment that does not exist, a filter MLflow cannot parse or one that names a metric no run logged,
-a --sort metric no shown run logged, no best run, a best run without a logged model to register.
+a --sort metric no shown run logged, no best run, a best run without a logged model to register, and
+for a locked server's refusal (no or wrong credentials, an untrusted certificate, an experiment the
+user may not read). A user who may only READ the experiment sees its runs and sweeps.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def open_store(store: str):
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
 
+    from tamrun.tracking.server_access import access_error
     from tamrun.tracking.store import check_store, open_client, sqlite_path, store_error
 
     db = sqlite_path(store)
@@ -74,9 +77,25 @@ def open_store(store: str):
         client = open_client(store, settings.busy_timeout_s, settings.lock_timeout_s)
     except (MlflowException, SQLAlchemyError) as exc:  # a store MLflow cannot open: named, not a traceback
         reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
-        raise store_error(store, reason, settings.busy_timeout_s, "--store") from None
+        raise access_error(store, exc, needs="READ") or store_error(store, reason, settings.busy_timeout_s, "--store") from None
     close_stale_in_store(client, "python -m tamrun.compare")
     return client
+
+
+def experiment_of(client, store: str, name: str):
+    """The experiment ``name`` of the store (None when it has none); a locked server's refusal to show it
+    (a user without READ on it) is a `ConfigError` naming the user (`tamrun.tracking.server_access`)."""
+    from mlflow.exceptions import MlflowException
+
+    from tamrun.tracking.server_access import access_error
+
+    try:
+        return client.get_experiment_by_name(name)
+    except MlflowException as exc:
+        refused = access_error(store, exc, name, needs="READ")
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def report(args: argparse.Namespace) -> str:
@@ -89,7 +108,7 @@ def report(args: argparse.Namespace) -> str:
     if args.last < 1:
         raise ConfigError("--last", args.last, "no run to show", "give -n a count of 1 or more")
     client = open_store(args.store)
-    experiment = client.get_experiment_by_name(args.experiment)
+    experiment = experiment_of(client, args.store, args.experiment)
     if experiment is None:
         raise ConfigError("--experiment", args.experiment, f"the store {redacted(args.store)} has no such experiment",
                           "pass --experiment with the name tracking.experiment had (default tamrun)")

@@ -115,9 +115,14 @@ def register(client: Any, best: Best, model_uri: str, name: str, store: str, ali
     refuses is a `ConfigError` naming ``--register`` or ``--alias``."""
     from mlflow.exceptions import MlflowException
 
+    from tamrun.tracking.server_access import access_error
+
     try:
         client.create_registered_model(name, description="Registered by python -m tamrun.compare --register")
     except MlflowException as exc:
+        refused = access_error(store, exc, needs="EDIT")  # a locked server's READ user, say
+        if refused is not None:
+            raise refused from None
         if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
             raise ConfigError("--register", name, f"MLflow refuses the name ({exc.message})",
                               "use a name of letters, digits, '-', '_' and '.'") from None

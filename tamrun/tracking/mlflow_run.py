@@ -9,7 +9,9 @@ A signal never lands inside a store call (`tamrun.tracking.signals.signals_defer
 run's creation ends the created run KILLED, one while its end is written makes that end KILLED.
 Every run logs its log as the artifact ``logs/run.log`` (with the traceback when it failed).
 Params, tags and text artifacts pass through `tamrun.redact.redacted`: a password in a URI
-(``postgresql://user:password@host/db``) is written as ``***``.
+(``postgresql://user:password@host/db``) is written as ``***``. A locked server's refusal (no or wrong
+credentials, a READ-only user, an untrusted certificate) ends the command with one error naming the setting
+(`tamrun.tracking.server_access`); a run refused its creation is not there, one created is ended FAILED.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numb
 from tamrun.tracking.runlog import RunLog
 from tamrun.redact import redacted, redacted_value
 from tamrun.tracking.secrets import env_uri
+from tamrun.tracking.server_access import access_error
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_in_store, process_tags
 from tamrun.tracking.store import (active_experiment, artifact_place, check_artifact_location, check_store,
@@ -223,8 +226,8 @@ class TrackedRun:
                 self._create()
         except (MlflowException, SQLAlchemyError, OSError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
-            raise filesystem_error(exc, self.places()) or store_error(self.uri, reason, self.cfg.busy_timeout_s) \
-                from None
+            raise access_error(self.uri, exc, self.experiment_name) or filesystem_error(exc, self.places()) or \
+                store_error(self.uri, reason, self.cfg.busy_timeout_s) from None
 
     def _create(self) -> None:
         self.client = open_client(self.uri, self.cfg.busy_timeout_s, self.cfg.lock_timeout_s)
@@ -314,7 +317,8 @@ class TrackedRun:
         open (its end not written): the run stays RUNNING there until the next run on this host closes it
         KILLED (`close_stale_runs`)."""
         refused = filesystem_error(error, self.places(), f": run {self.run_id} could not be ended, and stays RUNNING "
-                                   "until the next run on this host marks it KILLED")
+                                   "until the next run on this host marks it KILLED") or \
+            access_error(self.uri, error, self.experiment_name)  # a locked server: a permission revoked, a password changed
         if refused is not None:
             refused.run_id, refused.run_open = self.run_id, True
             return refused

@@ -16,7 +16,8 @@ fresh file, and experiments are created by name; two processes doing either at o
   created, or any call made on the client `open_client` returns (a `SignalSafe`) is raised once that
   I/O is complete (`tamrun.tracking.signals`); waiting for the lock stays interruptible.
 
-Other stores (http, postgresql, ...) are opened as they are, once their server answers (`check_answers`).
+Other stores (http, postgresql, ...) are opened as they are, once their server answers (`check_answers`; an https
+server's certificate trusted: `tamrun.tracking.server_access`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from tamrun.errors import ConfigError
 from tamrun.filesystem import Place, filesystem_error
 from tamrun.redact import redacted
+from tamrun.tracking.server_access import check_tls
 from tamrun.tracking.signals import SignalSafe, interruptible, signals_deferred
 from tamrun.tracking.store_wait import StoreWatch, holders_text, lock_holders
 
@@ -119,7 +121,8 @@ def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri
 
 def check_answers(uri: str, connect_timeout_s: float) -> None:
     """Refuse, naming tracking.uri and tracking.connect_timeout_s, an http(s) server or a database
-    server (postgresql://, mysql://, mssql://) that does not answer a TCP connection in time."""
+    server (postgresql://, mysql://, mssql://) that does not answer a TCP connection in time, and an
+    https server whose certificate the client does not trust (`check_tls`)."""
     scheme = urlsplit(uri).scheme.split("+")[0]
     if scheme not in ("http", "https") and scheme not in DATABASE_PORTS:
         return
@@ -135,6 +138,8 @@ def check_answers(uri: str, connect_timeout_s: float) -> None:
                           f"{connect_timeout_s:g} s ({exc})",
                           "check the URI and start the server, use a local store (tracking.uri=sqlite:///outputs/"
                           "mlflow.db), or set tracking.enabled=false") from None
+    if scheme == "https":
+        check_tls(uri, host, port, connect_timeout_s)
 
 
 def server_address(uri: str, scheme: str) -> Tuple[Optional[str], int]:
