@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from tamrun.config.effects import effect_columns
-from tamrun.config.schema import AdaptiveMethod, Config, DataConfig, DType, ModeName, PenaltyMode, TrackingConfig
+from tamrun.config.schema import (AdaptiveMethod, CheckPolicy, Config, DataConfig, DType, ModeName, PenaltyMode,
+                                  TrackingConfig)
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, check_target_outliers,
@@ -28,6 +29,7 @@ from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
 from tamrun.data.load import frame_bytes, load_table
 from tamrun.data.split import carve_validation, split_by_date
 from tamrun.device import DeviceManager
+from tamrun.effects.crossing import ForestCrossingEffect
 from tamrun.effects.design import AdditiveDesign, needed_columns
 from tamrun.effects.registry import build_effects
 from tamrun.errors import ConfigError, DataError, NumericalError
@@ -127,10 +129,15 @@ def build_features(config: Config, specs: Dict[str, Any], train_frame: pd.DataFr
     smallest = int(train.counts.min())
     if smallest < design.width:  # solvable (the penalty fixes the directions the data leave free)
         group = train.groups[int(train.counts.argmin())]
-        enforce(data.small_groups, "data.small_groups", DataError(
-            "data.group", data.group, f"group {group!r} has {smallest} training row(s) for {design.width} "
-            "coefficients: the penalties decide the rest", "train on more rows, group more coarsely, use a smaller "
-            "model"))
+        which = f"group {data.group}={group!r}" if data.group else "the table"
+        problem = (f"{which} has {smallest} training row(s) for {design.width} coefficients: the penalties decide "
+                   "the rest")
+        if any(isinstance(effect, ForestCrossingEffect) for effect in effects) and \
+                data.small_groups == CheckPolicy.warn:  # a forest crossing's design: nothing is wrong, nothing to warn of
+            log.info("%s (by design: a forest crossing has more coefficients than rows)", problem)
+        else:
+            enforce(data.small_groups, "data.small_groups", DataError(
+                "data.group", data.group, problem, "train on more rows, group more coarsely, use a smaller model"))
     return Features(train, design)
 
 

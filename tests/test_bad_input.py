@@ -302,7 +302,7 @@ CASES = [
          ["data.nan_policy='drop'", "has a value in the group column 'g'", "leaves no data", "data.group=null"], True,
          csv=True, frame=_no_group),
     Case("group with fewer rows than coefficients", ["data.small_groups=error"],
-         ["data.group='g'", "group 2 has 5 training row(s) for", "data.small_groups=warn"], True, csv=True,
+         ["data.group='g'", "group g=2 has 5 training row(s) for", "data.small_groups=warn"], True, csv=True,
          frame=_small_group),
     Case("group empty in training", [], ["data.group='g'", "group 3 appears in the test split but not in training"],
          True, csv=True, frame=_test_only_group),
@@ -620,7 +620,7 @@ def test_nan_policy_drop_drops_the_rows_without_a_group(tmp_path, monkeypatch, m
 def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch, migrated_store):
     logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, "tracking.log_plots=false", store=migrated_store)
     assert logged.info.status == "FINISHED"
-    assert "group 2 has 5 training row(s) for" in text
+    assert "group g=2 has 5 training row(s) for" in text
     # the warning offers the value the config does not hold (error), never the one it holds (warn)
     assert "Fix: train on more rows, group more coarsely, use a smaller model (data.small_groups=warn; " \
            "data.small_groups=error refuses such data)" in text and "set data.small_groups=warn" not in text
@@ -638,3 +638,19 @@ def test_tracking_server_without_its_environment_variable_is_refused(tmp_path, m
     assert ("tamrun: config error: tracking.uri_env='MLFLOW_TRACKING_URI': the environment variable "
             "MLFLOW_TRACKING_URI is unset or empty. Fix: export MLFLOW_TRACKING_URI=") in output, output
     assert "Traceback" not in output and not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+FOREST_CROSSING = ("+model.effects.cr={kind: crossing, left: {kind: forest, column: x, n_trees: 2, max_depth: 2, "
+                   "ap: -3}, right: {kind: fourier, column: x, m: 2, ap: -3}, ap: -3}")
+
+
+def test_a_forest_crossing_with_more_coefficients_than_rows_says_so_without_a_warning(tmp_path, monkeypatch,
+                                                                                      migrated_store):
+    """A forest crossing has more coefficients than a small group has rows by design: said once at INFO,
+    no warning (a warning only when something is wrong); data.small_groups=error still refuses it."""
+    logged, text, _ = _run_csv(tmp_path, monkeypatch, _small_group, FOREST_CROSSING, "tracking.log_plots=false",
+                               store=migrated_store)
+    assert logged.info.status == "FINISHED"
+    said = [line for line in text.splitlines() if "training row(s) for" in line]
+    assert len(said) == 1 and " INFO tamrun.pipeline: " in said[0] and "by design: a forest crossing" in said[0], said
+    assert "group g=2 has 5 training row(s) for" in said[0] and "small_groups=warn" not in text

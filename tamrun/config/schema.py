@@ -186,8 +186,8 @@ class DataConfig:
     duplicate_dates: CheckPolicy = CheckPolicy.error
     # A model column that takes a single value over the whole training split.
     constant_features: CheckPolicy = CheckPolicy.error
-    # A group with fewer training rows than the model has coefficients (the penalties decide the rest;
-    # normal for forest crossings solved in the dual form).
+    # A group with fewer training rows than the model has coefficients (the penalties decide the rest).
+    # Normal for a forest crossing: with one in the model, warn only says so at INFO (nothing is wrong).
     small_groups: CheckPolicy = CheckPolicy.warn
     # A model column constant within some groups of the training split (not all: see constant_features);
     # those groups' effect learns nothing.
