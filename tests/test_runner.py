@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 import tamrun
 from tamrun.errors import DataError
+from tamrun.numbers import significant
 from tamrun.runner import run
 from tamrun.threads import applied_wait_policy, job_threads
 
@@ -78,6 +79,15 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     assert metrics["rmse_test"] == pytest.approx(result.metrics["rmse_test"], rel=1e-12)
     assert metrics["oom_retries"] == 0 and metrics["peak_memory_bytes"] > 0
     assert metrics["peak_memory_mib"] == pytest.approx(metrics["peak_memory_bytes"] / 2**20)  # the UI's column
+    # the plan's working-memory prediction beside the measured working peak of the phases it plans, apart
+    # from the process's peak; the run's log says the three
+    planned = max(metrics["working_peak_solve_bytes"], metrics["working_peak_predict_bytes"])
+    assert metrics["working_peak_planned_bytes"] == planned > 0
+    assert metrics["working_peak_ratio"] == pytest.approx(planned / metrics["predicted_peak_bytes"], rel=1e-12)
+    assert metrics["peak_memory_bytes"] > metrics["working_peak_planned_bytes"]
+    run_log = open(client.download_artifacts(result.run_id, "logs/run.log", str(tmp_path))).read()
+    assert f"memory: working peak {significant(planned / 2**20)} MiB of the fit and predictions against " \
+           f"{significant(metrics['predicted_peak_bytes'] / 2**20)} MiB predicted" in run_log
     tags = logged.data.tags
     assert tags["tamrun_version"] and tags["device"].startswith("cpu") and tags["mlflow.source.name"] == "python -m tamrun"
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tamrun.__file__).parent, capture_output=True,

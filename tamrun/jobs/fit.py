@@ -59,6 +59,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics.update(run_metrics(prepared, fit))
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
                                                                     ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))
+    log.info("%s", memory_line(metrics))
     table = functools.cache(lambda: evaluation_table(config.data, splits))
     with recorder.phase("record"):
         record_fit(tracked, prepared, fit, table, metrics)
@@ -105,6 +106,24 @@ def evaluation_table(data: DataConfig, splits: List[ScoredSplit]) -> pd.DataFram
                                         split.name) for split in splits], ignore_index=True)
 
 
+# The phases whose working memory the plan predicts (its fit and predict chunks).
+PLANNED_PHASES = ("solve", "predict")
+
+
+def memory_line(metrics: Dict[str, float]) -> str:
+    """The plan's working-memory prediction against the measured working peak of the phases it plans, and
+    the process's peak apart (it holds the interpreter, the libraries and the data besides)."""
+    mib = 2**20
+    process = (f"the process peaked at {significant(metrics.get('peak_memory_mib', 0.0))} MiB (peak_memory_mib: "
+               "interpreter, libraries and data included)")
+    if "working_peak_ratio" not in metrics:
+        return (f"memory: {significant(metrics['predicted_peak_bytes'] / mib)} MiB of working memory predicted, not "
+                f"measured (memory.meter off); {process}")
+    return (f"memory: working peak {significant(metrics['working_peak_planned_bytes'] / mib)} MiB of the fit and "
+            f"predictions against {significant(metrics['predicted_peak_bytes'] / mib)} MiB predicted "
+            f"(working_peak_ratio {significant(metrics['working_peak_ratio'])}); {process}")
+
+
 def run_metrics(prepared: Prepared, fit: Fit) -> Dict[str, float]:
     """The phases' times and peaks, the plan's figures, the OOM retries and the CG's report."""
     recorder, plan, stats = prepared.recorder, fit.plan, fit.stats
@@ -119,6 +138,9 @@ def run_metrics(prepared: Prepared, fit: Fit) -> Dict[str, float]:
         "recording_reserve_bytes": recording_reserve(prepared.config.tracking, prepared.splits.n_scored),
     })
     metrics.update({"fit_setup_seconds": stats.setup_seconds, "fit_solve_seconds": stats.solve_seconds})
+    planned = recorder.working_peak(PLANNED_PHASES)  # the measured side of the plan's prediction (0: not metered)
+    if planned > 0 and plan.predicted_peak > 0:
+        metrics.update({"working_peak_planned_bytes": planned, "working_peak_ratio": planned / plan.predicted_peak})
     if fit.selection is not None:
         metrics.update(fit.selection.metrics())
     if plan.route == "cg":
