@@ -2,14 +2,18 @@
 (at most one every ``interval`` seconds, and the last) when stderr is not a TTY (CI, SLURM logs).
 Log lines look like
 
-    fit/cg: 30/48 groups
+    fit/cg: 30/48 groups, 12 s elapsed, about 7 s left
+    CG: 40 iterations, residual 3.2e-05 / tol 1e-06, 31/48 groups converged, about 25 iterations (6 s) left
     CG: 65 iterations, residual 8.10e-07 / tol 1e-06, 48/48 groups converged
 
-A CG solve has no total (it stops at the tolerance, not at solver.max_iter), so no ETA."""
+The time left of a counted task is its pace so far (`time_left`); a CG solve has no total (it stops at
+the tolerance, not at solver.max_iter), so its iterations left are its residual's mean decrease per
+iteration so far, extended to the tolerance (`cg_left`)."""
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from typing import TYPE_CHECKING, Dict, Optional
@@ -18,6 +22,28 @@ if TYPE_CHECKING:
     from tamrun.solve.cg import CgProgress
 
 log = logging.getLogger(__name__)
+
+
+def time_left(done: int, total: Optional[int], elapsed: float) -> str:
+    """``, <elapsed> s elapsed, about <left> s left`` at the pace so far; only the elapsed part when the
+    total is unknown or nothing is done yet; empty at the end."""
+    if total is not None and done >= total:
+        return ""
+    said = f", {elapsed:.0f} s elapsed"
+    if total is None or done <= 0:
+        return said
+    return f"{said}, about {elapsed * (total - done) / done:.0f} s left"
+
+
+def cg_left(first: float, residual: float, tol: float, iteration: int, elapsed: float) -> str:
+    """``, about <n> iterations (<s> s) left``: log10(residual / tol) over the mean decrease of
+    log10(residual) per iteration since ``first`` (the residual at iteration 0); empty when the residual has
+    not decreased yet or is at the tolerance."""
+    if iteration <= 0 or residual <= tol or first <= residual or residual <= 0:
+        return ""
+    rate = (math.log10(first) - math.log10(residual)) / iteration
+    left = math.ceil((math.log10(residual) - math.log10(tol)) / rate)
+    return f", about {left} iterations ({elapsed / iteration * left:.0f} s) left"
 
 
 def use_bar(mode: str) -> bool:
@@ -34,7 +60,7 @@ class Progress:
         self.desc, self.total, self.unit, self.interval = desc, total, unit, interval
         self.enabled = mode != "off"
         self.done = 0
-        self._last_log = time.monotonic()
+        self._start = self._last_log = time.monotonic()
         self._bar = None
         if self.enabled and use_bar(mode):
             from tqdm import tqdm
@@ -63,7 +89,8 @@ class Progress:
     def _log(self, note: str) -> None:
         self._last_log = time.monotonic()
         count = f"{self.done}/{self.total}" if self.total is not None else f"{self.done}"
-        log.info("%s: %s %s%s", self.desc, count, self.unit, f", {note}" if note else "")
+        log.info("%s: %s %s%s%s", self.desc, count, self.unit, f", {note}" if note else "",
+                 "" if note else time_left(self.done, self.total, self._last_log - self._start))
 
 
 class ChunkProgress:
@@ -91,13 +118,17 @@ class IterationProgress:
         self.mode = mode
         self.bar: Optional[Progress] = None
         self.note = ""
+        self.first, self.started = 0.0, time.monotonic()
 
     def __call__(self, state: CgProgress) -> None:
         if state.iteration == 0 and not state.final:  # a new solve (the next chunk of groups, or a retry)
             self.close()
             self.bar = Progress("CG", None, "iterations", self.mode)
+            self.first, self.started = state.residual, time.monotonic()
+        left = "" if state.final else cg_left(self.first, state.residual, state.tol, state.iteration,
+                                              time.monotonic() - self.started)
         self.note = (f"residual {state.residual:.2e} / tol {state.tol:g}, "
-                     f"{state.converged}/{state.groups} groups converged")
+                     f"{state.converged}/{state.groups} groups converged{left}")
         if self.bar is not None:
             self.bar.update(state.iteration, self.note)
             if state.final:

@@ -78,3 +78,15 @@ def test_a_cg_solve_logs_its_iterations_and_worst_residual_against_the_tolerance
     assert lines == [f"CG: {int(result.iterations.max())} iterations, residual {worst:.2e} / tol 1e-06, "
                      "4/4 groups converged"]
     assert worst <= 1e-6 and "/2000" not in caplog.text
+
+
+def test_the_time_left_is_the_pace_so_far_and_the_cg_s_is_its_residual_s_mean_decrease():
+    from tamrun.progress import cg_left, time_left
+
+    assert time_left(12, 48, 6.0) == ", 6 s elapsed, about 18 s left"   # 12 groups in 6 s: 36 more in 18 s
+    assert time_left(0, 48, 3.0) == ", 3 s elapsed" and time_left(5, None, 3.0) == ", 3 s elapsed"
+    assert time_left(48, 48, 10.0) == ""                                   # done: nothing left to say
+    # 1e-1 -> 1e-3 in 2 iterations (one decade each): 3 more decades to 1e-6, at 2 s an iteration
+    assert cg_left(1e-1, 1e-3, 1e-6, 2, 4.0) == ", about 3 iterations (6 s) left"
+    assert cg_left(1e-1, 1e-1, 1e-6, 3, 4.0) == ""                          # no decrease yet: no guess
+    assert cg_left(1e-1, 5e-7, 1e-6, 9, 4.0) == ""                          # at the tolerance
