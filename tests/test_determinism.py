@@ -23,7 +23,7 @@ CONFIGS = {"spline-direct": ["solver=direct"], "spline-cg": ["solver=cg", "solve
 
 def comparable(metrics: dict) -> dict:
     """The metrics that depend on the numbers only (not on the clock or the process's memory)."""
-    measured = ("seconds", "bytes", "mib", "utilisation")
+    measured = ("seconds", "bytes", "mib", "utilisation", "working_peak_ratio")
     return {k: v for k, v in metrics.items() if not any(w in k for w in measured)}
 
 
