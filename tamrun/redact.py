@@ -7,7 +7,7 @@ and text artifacts (`tamrun.tracking.mlflow_run`), Hydra's own files
 (`tamrun.hydra_files`) and what is handed to Ray (`tamrun.ray_env`). What it replaces by ``***``:
 
 - the password of a URI, ``scheme://user:password@host``: everything between the user's ``:`` and the
-  last ``@`` before the host, ``/``, ``:`` and ``?`` included (``postgresql://u:s3/cret@h/db``);
+  last ``@`` before the host, ``/``, ``:`` and ``?`` included (``postgresql://u:pa/ss@h/db``);
 - the value of a secret-named query parameter or setting, ``?password=...``, ``&token=...``,
   ``AWS_SECRET_ACCESS_KEY=...``, ``password: ...``: a name that contains password, passwd, pwd, secret,
   token, credential, api_key/apikey, access_key, private_key, signature or sig, or is ``key``;
