@@ -2,7 +2,7 @@
 this environment, and from an environment built from nothing but the model's own requirements.txt
 (tamrun not installed there: its code travels with the model). Rows of the national table as the user
 has them, dates as text, sent as CSV and as JSON; the answer is a table (date, group, prediction) equal
-to the run's own test predictions (float64, to 1e-9 MW)."""
+to the run's own test predictions (float64, to 1e-8 relative)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def check_served(url: str, national: dict) -> None:
     for served in (as_csv, as_json):
         assert list(served.columns) == ["date", "tod", "predicted"]
         assert served["date"].tolist() == rows["date"].tolist() and served["tod"].tolist() == rows["tod"].tolist()
-        np.testing.assert_allclose(served["predicted"].to_numpy(), national["expected"], rtol=0, atol=1e-9)
+        # another process's BLAS may sum in another order: 1e-8 relative (5e-4 MW on 50,000 MW)
+        np.testing.assert_allclose(served["predicted"].to_numpy(), national["expected"], rtol=1e-8, atol=0)
 
 
 def test_the_run_s_model_serves_csv_and_json_rows_with_dates_as_text(national, tmp_path):
