@@ -41,9 +41,9 @@ PRESETS = ["fourier", "fourier_holidays", "spline", "spline_holidays", "forest",
 
 # Two runs in one process may sum in another order (the BLAS path follows the data's alignment), and one
 # year of training leaves the fourier presets' trend and annual terms nearly collinear, which amplifies
-# that into the coefficients (seen once in ~20 runs of a preset): coefficients to 1e-6 of their largest,
-# metrics (not sensitive to those directions) to 1e-9 relative.
-SAME_COEFFICIENTS, SAME_METRICS = 1e-6, 1e-9
+# that into the coefficients and, less, the forecast's metrics (seen once in ~20 runs of a preset):
+# coefficients to 1e-6 of their largest, metrics to 1e-6 relative (1.5e-3 MW on an RMSE of 1,500 MW).
+SAME_COEFFICIENTS, SAME_METRICS = 1e-6, 1e-6
 
 
 def _equal_runs(checked, plain) -> None:
