@@ -115,3 +115,18 @@ def terminal_signals() -> None:
     across exec (tamrun, rightly, leaves an ignored signal ignored)."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
+
+
+def sh_blocks(page: Path) -> List[str]:
+    """A docs page's ```sh blocks, in order (fenced at the start of a line): the walk-throughs the page
+    tests run as written (tests/test_scale_page.py, tests/test_serving_page.py)."""
+    blocks, current = [], None
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if current is None and line == "```sh":
+            current = []
+        elif current is not None and line == "```":
+            blocks.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks

@@ -30,7 +30,7 @@ from typing import List
 import psutil
 import pytest
 
-from conftest import RAY_TEST_ENV
+from conftest import RAY_TEST_ENV, sh_blocks
 from mlflow.tracking import MlflowClient
 
 from local_cluster import wait_until
@@ -44,17 +44,8 @@ BLOCK_TIMEOUT_S = 900  # the install block may build tamrun's wheel; a sweep on 
 
 
 def page_blocks() -> List[str]:
-    """The page's ```sh blocks, in order (fenced at the start of a line)."""
-    blocks, current = [], None
-    for line in PAGE.read_text(encoding="utf-8").splitlines():
-        if current is None and line == "```sh":
-            current = []
-        elif current is not None and line == "```":
-            blocks.append("\n".join(current))
-            current = None
-        elif current is not None:
-            current.append(line)
-    return blocks
+    """The page's ```sh blocks, in order."""
+    return sh_blocks(PAGE)
 
 
 class Walkthrough:

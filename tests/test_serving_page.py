@@ -22,6 +22,7 @@ import pandas as pd
 import psutil
 from mlflow.tracking import MlflowClient
 
+from conftest import sh_blocks
 from local_cluster import wait_until
 from servers import free_port
 
@@ -29,19 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "serving.md"
 BLOCK_TIMEOUT_S = 900  # the sweep fits two models on 2 busy cores
 STOP_TIMEOUT_S = 60  # the server's processes ending after the last block's signal
-
-
-def page_blocks():
-    blocks, current = [], None
-    for line in PAGE.read_text(encoding="utf-8").splitlines():
-        if current is None and line == "```sh":
-            current = []
-        elif current is not None and line == "```":
-            blocks.append("\n".join(current))
-            current = None
-        elif current is not None:
-            current.append(line)
-    return blocks
 
 
 def port_open(port: int) -> bool:
@@ -60,7 +48,7 @@ def alive_in_group(pgid: int) -> list:
 
 
 def test_the_serving_page_runs_as_written(tmp_path, monkeypatch):
-    blocks = page_blocks()
+    blocks = sh_blocks(PAGE)
     assert len(blocks) == 5, "the page's five steps"
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HYDRA_", "TAMRUN_"))},
