@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -11,14 +11,17 @@ import torch
 
 from tamrun.data.batch import GroupedBatch
 from tamrun.errors import NumericalError
+from tamrun.intervals import GroupBands
 
 log = logging.getLogger(__name__)
 
 
 def predictions_table(frame: pd.DataFrame, batch: GroupedBatch, predicted: torch.Tensor, date_column: str,
-                      group: str | None, split: str) -> pd.DataFrame:
-    """One row per real row of the split: date, group, split, actual, predicted (frame order)."""
-    rows = batch.row_index[batch.row_index >= 0]
+                      group: str | None, split: str, bands: Optional[GroupBands] = None) -> pd.DataFrame:
+    """One row per real row of the split: date, group, split, actual, predicted and, with ``bands``, each
+    level's interval (lower_80, upper_80, ...), sorted by date and group."""
+    real = batch.row_index >= 0
+    rows = batch.row_index[real]
     actual, predicted_rows = scored(batch, predicted)
     table = pd.DataFrame({
         "date": frame[date_column].to_numpy()[rows],
@@ -26,6 +29,7 @@ def predictions_table(frame: pd.DataFrame, batch: GroupedBatch, predicted: torch
         "split": split,
         "actual": actual,
         "predicted": predicted_rows,
+        **(bands.columns(predicted_rows, np.nonzero(real)[0]) if bands is not None else {}),
     })
     return table.sort_values(["date", "group"], kind="stable").reset_index(drop=True)
 

@@ -12,7 +12,7 @@ multiplied and dropped), optionally through a guarded `ChunkLoop` (tracker, OOM 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,7 @@ from tamrun.data.derive import DataRecipe
 from tamrun.effects.categorical import CategoricalEffect
 from tamrun.effects.design import AdditiveDesign
 from tamrun.errors import DataError
+from tamrun.intervals import GroupBands
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop
 from tamrun.memory.sampling import repeating
@@ -117,6 +118,7 @@ class FittedModel:
     dtype: torch.dtype
     group_chunk: int
     row_chunk: int
+    intervals: Optional[GroupBands] = None  # its prediction intervals (tamrun/intervals.py), when calibrated
 
     @property
     def input_columns(self) -> List[str]:
@@ -151,10 +153,15 @@ class FittedModel:
 
     def predict_values(self, frame: pd.DataFrame) -> np.ndarray:
         """One prediction per row of ``frame``, in its order (the MLflow model's output)."""
+        return self.predict_with_groups(frame)[0]
+
+    def predict_with_groups(self, frame: pd.DataFrame) -> Tuple[np.ndarray, np.ndarray]:
+        """(predictions (n,), the index in ``groups`` of each row's group (n,)) of ``frame``'s rows, in its order."""
         frame = pd.DataFrame(frame).reset_index(drop=True)
         batch = self.batch(frame)
         predicted = self.predict(batch).numpy()
-        out = np.zeros(len(frame))
+        out, codes = np.zeros(len(frame)), np.zeros(len(frame), dtype=np.int64)
         real = batch.row_index >= 0
         out[batch.row_index[real]] = predicted[real]
-        return out
+        codes[batch.row_index[real]] = np.nonzero(real)[0]
+        return out, codes

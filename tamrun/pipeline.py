@@ -150,17 +150,19 @@ def plan_memory(config: Config, features: Features, devices: DeviceManager, n_pr
     train = features.train
     size = problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
                         n_predict_rows)
-    view = devices.memory(config.memory.safety_margin_bytes, recording_reserve(config.tracking, n_scored_rows))
+    view = devices.memory(config.memory.safety_margin_bytes,
+                          recording_reserve(config.tracking, n_scored_rows, len(config.intervals.levels)))
     return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound,
                        select=config.model.penalties == PenaltyMode.gcv)
 
 
-def recording_reserve(tracking: TrackingConfig, n_scored_rows: int) -> int:
+def recording_reserve(tracking: TrackingConfig, n_scored_rows: int, levels: int = 0) -> int:
     """Bytes a fitted run's recording adds (`recording_bytes`): the predictions table of ``n_scored_rows``
-    rows when its CSV or the plots are logged, the plots, the model; nothing when tracking is off."""
+    rows (with ``levels`` intervals) when its CSV or the plots are logged, the plots, the model; nothing
+    when tracking is off."""
     on = tracking.enabled
     return recording_bytes(n_scored_rows, on and (tracking.log_predictions or tracking.log_plots),
-                           on and tracking.log_plots, on and tracking.log_model)
+                           on and tracking.log_plots, on and tracking.log_model, levels)
 
 
 def warm_start_coefficients(path: str, groups: list, width: int) -> torch.Tensor:

@@ -206,3 +206,7 @@ def test_day_ahead_aggregate_beats_1000_mw_and_its_best_expert_on_2024(compose_c
     assert metrics["rmse_test"] <= 1000.0 and metrics["rmse_test"] < metrics["rmse_test_best_expert"]
     assert metrics["rmse_validation"] < metrics["rmse_validation_best_expert"]
     assert metrics["aggregate_experts"] == 3
+    for level in (80, 95):  # the intervals: calibrated on 2023, adapted online over 2024 from past days only
+        assert abs(metrics[f"coverage_{level}_test"] - level) <= 2.0
+        assert metrics[f"width_{level}_test"] < metrics[f"width_{level}_test_naive"]
+    assert metrics["pinball_test"] < metrics["pinball_test_naive"]

@@ -19,7 +19,8 @@ from tamrun.tracking.plots import (box_statistics, line_envelope, residual_perio
 
 from conftest import csv_overrides
 
-PLOTS = {"forecast", "partial_effects", "residuals_by_time_of_day", "memory_timeline", "cg_residuals"}
+PLOTS = {"forecast", "partial_effects", "residuals_by_time_of_day", "memory_timeline", "cg_residuals", "intervals"}
+BANDS = ["lower_80", "upper_80", "lower_95", "upper_95"]  # intervals.levels' default [0.8, 0.95]
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +60,13 @@ def test_the_pyfunc_model_predicts_what_the_run_predicted(cg_run):
     shuffled = test_frame.sample(frac=1.0, random_state=0)  # any row order: output follows the input
     predicted = loaded.predict(shuffled[["g", "x", "dow"]])
     expected = (result.predictions[result.predictions["split"] == "test"]
-                .set_index(["date", "group"])["predicted"])
+                .set_index(["date", "group"])[["predicted", *BANDS]])
     in_process = expected.loc[list(zip(shuffled["date"], shuffled["g"]))].to_numpy()
     assert len(predicted) == len(shuffled) == 24 * 34  # 2021-01-01 .. 2021-02-03
-    assert list(predicted.columns) == ["g", "predicted"]  # the group as given (no date given), the prediction
+    # the group as given (no date given), the prediction and its intervals
+    assert list(predicted.columns) == ["g", "predicted", *BANDS]
     assert predicted["g"].tolist() == shuffled["g"].tolist()
-    assert np.max(np.abs(predicted["predicted"].to_numpy() - in_process)) <= 1e-9
+    assert np.max(np.abs(predicted[["predicted", *BANDS]].to_numpy() - in_process)) <= 1e-9
     with pytest.raises(DataError, match="model.effects.dow.column"):
         loaded.predict(shuffled[["g", "x", "dow"]].assign(dow=9))  # a level never seen in training
 

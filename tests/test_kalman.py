@@ -302,3 +302,6 @@ def test_day_ahead_beats_1300_mw_on_2024_with_every_choice_made_on_2023(compose_
     assert metrics["rmse_test"] < metrics["rmse_test_static"]
     assert metrics["rmse_validation"] < metrics["rmse_validation_static"]
     assert metrics["kalman_q"] in (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4)
+    for level in (80, 95):  # the intervals: calibrated on 2023's day-ahead residuals, adapted online over 2024
+        assert abs(metrics[f"coverage_{level}_test"] - level) <= 2.0
+        assert metrics[f"width_{level}_test"] < metrics[f"width_{level}_test_naive"]

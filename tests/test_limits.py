@@ -141,6 +141,8 @@ def test_the_recording_is_reserved_beside_the_margin():
     assert recording_reserve(TrackingConfig(log_predictions=False, log_model=False), rows) == rows * 120 + PLOTS_BYTES
     assert recording_reserve(TrackingConfig(log_predictions=False, log_plots=False), rows) == MODEL_BYTES
     assert recording_reserve(TrackingConfig(enabled=False), rows) == 0
+    # two interval levels: 4 more columns (lower_80, upper_80, lower_95, upper_95)
+    assert recording_reserve(TrackingConfig(log_plots=False, log_model=False), rows, 2) == rows * (5 + 4) * 8 * 3
     limit = Limit("cgroup", 600 * MiB, 250 * MiB, "/sys/fs/cgroup/memory/job", margin=16 * MiB, reserve=30 * MiB)
     assert limit.left == 304 * MiB and limit.need(100 * MiB) == 396 * MiB
     assert "16.00 MiB safety margin, 30.00 MiB for the recording: 304.00 MiB left" in limit.describe()

@@ -46,7 +46,7 @@ def test_a_two_job_sweep_is_comparable_and_its_models_predict_from_raw_rows(tmp_
         assert len(models) == 1 and models[0].status.name == "READY"
         assert models[0].name == "model"  # runs:/<run id>/model loads it
         predicted = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/model").predict(rows_2024)
-        assert list(predicted.columns) == ["date", "tod", "predicted"]
+        assert list(predicted.columns) == ["date", "tod", "predicted", "lower_80", "upper_80", "lower_95", "upper_95"]
         assert predicted["date"].tolist() == rows_2024["date"].tolist()
 
         logged = pd.read_parquet(client.download_artifacts(child.info.run_id, "predictions/predictions.parquet",

@@ -28,6 +28,7 @@ from tamrun.config.schema import AdaptiveMethod
 from tamrun.data.batch import GroupedBatch
 from tamrun.evaluate import mape, require_finite, require_plausible, rmse
 from tamrun.fitted import prediction_batch
+from tamrun.jobs.bands import day_ahead_bands, naive_bands, residual_history
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
@@ -39,6 +40,7 @@ from tamrun.memory.tracker import MemoryTracker
 from tamrun.pipeline import Fit, numerical_fix, solve
 from tamrun.progress import ChunkProgress
 from tamrun.tracking.mlflow_run import TrackedRun
+from tamrun.tracking.run_plots import log_interval_figure
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,8 @@ def window_plan(prepared: Prepared, past: History) -> WindowPlan:
     size = problem_size(len(first.groups), first.x.shape[1], design, first.x.element_size(), config.solver,
                         schedule.horizon_rows)
     tracking = config.tracking  # the forecast table is built for the metrics, recorded or not
-    reserve = recording_bytes(len(prepared.splits.test), True, tracking.enabled and tracking.log_plots, False)
+    reserve = recording_bytes(len(prepared.splits.test), True, tracking.enabled and tracking.log_plots, False,
+                              len(config.intervals.levels))
     return plan_windows(config, size, prepared.devices, schedule.n_windows, schedule.step_rows,
                         len(past.batch.columns), reserve)
 
@@ -132,6 +135,9 @@ def sliding_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         table = adaptive_table(past, fitted, static_history)
         steps = step_metrics(schedule, past.batch, fitted.forecast)
     metrics = _metrics(table, fitted, schedule, plan, recorder, prepared.oom_log, tracker)
+    table, interval_metrics = day_ahead_bands(config, table, "adaptive", residual_history(table.iloc[:0], "adaptive"),
+                                              naive_bands(config, static), static.model.groups)
+    metrics.update(interval_metrics)
     require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static", "mape_test_static")},
                    "a forecast metric", numerical_fix(config))
     require_plausible({"test (adaptive)": table["adaptive"].to_numpy(), "test (static)": table["static"].to_numpy()},
@@ -206,3 +212,4 @@ def _record(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, metric
         title = (f"{config.model.name}: test RMSE adaptive {metrics['rmse_test']:.1f}, static "
                  f"{metrics['rmse_test_static']:.1f} ({config.adaptive.window}-day windows, step {config.adaptive.step})")
         tracked.log_figure(adaptive_figure(table, title), "plots/adaptive_forecast.png")
+        log_interval_figure(tracked, table, "adaptive", config.data.unit)

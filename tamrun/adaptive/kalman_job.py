@@ -24,12 +24,14 @@ from tamrun.adaptive.filtering import (FilterInputs, FilterRun, check_input_room
 from tamrun.adaptive.plots import adaptive_figure, weights_figure
 from tamrun.config.schema import KalmanConfig
 from tamrun.evaluate import mape, require_finite, require_plausible, rmse
+from tamrun.jobs.bands import day_ahead_bands, naive_bands, residual_history
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
 from tamrun.numbers import significant
 from tamrun.pipeline import Fit, Splits, fit_model, numerical_fix, solve
 from tamrun.tracking.mlflow_run import TrackedRun
+from tamrun.tracking.run_plots import log_interval_figure
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class Selection:
     scores: List[float]
     static_score: float
     best: int
+    forecasts: Optional[pd.DataFrame] = None  # the chosen pair's validation days (`forecast_table`): the intervals' calibration
 
     @property
     def pair(self) -> Tuple[float, float]:
@@ -85,19 +88,21 @@ def select_pair(prepared: Prepared, static: Fit) -> Selection:
     scored[:, :data.day_index(start)] = False
     scores = slot_rmse(run.forecast, data.target, scored).tolist()
     static_score = float(slot_rmse(data.static.unsqueeze(0), data.target, scored)[0])
-    selection = Selection(pairs, scores, static_score, int(np.argmin(scores)))
+    best = int(np.argmin(scores))
+    selection = Selection(pairs, scores, static_score, best, forecast_table(data, run, start, best))
     log.info("kalman: validation RMSE %s (static %.1f): q=%g, p0=%g chosen",
              ", ".join(f"{s:.1f}" for s in scores), static_score, *selection.pair)
     return selection
 
 
-def test_table(data: FilterInputs, run: FilterRun, test_start: pd.Timestamp) -> pd.DataFrame:
-    """One row per test row: date, group, actual, adaptive (the filter's day-ahead forecast), static."""
-    g, n = np.nonzero((data.batch.row_index >= 0) & (data.dates >= np.datetime64(test_start)))
+def forecast_table(data: FilterInputs, run: FilterRun, start: pd.Timestamp, pair: int = 0) -> pd.DataFrame:
+    """One row per row from ``start`` on: date, group, actual, adaptive (the day-ahead forecast of the filter
+    of ``pair``), static."""
+    g, n = np.nonzero((data.batch.row_index >= 0) & (data.dates >= np.datetime64(start)))
     day, slot = data.grid.day[g, n], data.grid.slot[g, n]
     return pd.DataFrame({
         "date": data.dates[g, n], "group": np.asarray(data.batch.groups, dtype=object)[g],
-        "actual": data.batch.y[g, n].numpy(), "adaptive": run.forecast[0, g, day, slot].numpy(),
+        "actual": data.batch.y[g, n].numpy(), "adaptive": run.forecast[pair, g, day, slot].numpy(),
         "static": data.static[g, day, slot].numpy(),
     }).sort_values(["date", "group"], kind="stable").reset_index(drop=True)
 
@@ -128,9 +133,13 @@ def kalman_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     with recorder.phase("adaptive"):  # not metered: the meter's hook would cost more than the filter's small steps
         data, run = adapt(prepared, static, rows, test_start, [pair], True)
     with recorder.phase("evaluate"):
-        table = test_table(data, run, test_start)
+        table = forecast_table(data, run, test_start)
         months = monthly_rmse(table)
     metrics = kalman_metrics(prepared, table, run, pair, selection)
+    calibration = selection.forecasts if selection is not None else table.iloc[:0]
+    table, interval_metrics = day_ahead_bands(config, table, "adaptive", residual_history(calibration, "adaptive"),
+                                              naive_bands(config, static), static.model.groups)
+    metrics.update(interval_metrics)
     require_finite({name: metrics[name] for name in ("rmse_test", "mape_test", "rmse_test_static")},
                    "a forecast metric", numerical_fix(config))
     require_plausible({"test (adaptive)": table["adaptive"].to_numpy(), "test (static)": table["static"].to_numpy()},
@@ -183,6 +192,7 @@ def record_kalman(tracked: TrackedRun, prepared: Prepared, static: Fit, table: p
         title = (f"{config.model.name}: test RMSE Kalman {metrics['rmse_test']:.1f}, static "
                  f"{metrics['rmse_test_static']:.1f} (q={metrics['kalman_q']:g})")
         tracked.log_figure(adaptive_figure(table, title, label="adaptive (Kalman filter)"), "plots/adaptive_forecast.png")
+        log_interval_figure(tracked, table, "adaptive", config.data.unit)
         if run.weights is not None and config.adaptive.kalman.state.value == "effects":
             tracked.log_figure(weights_figure(run.weights, data.theta0, data.grid.days, data.names),
                                "plots/kalman_weights.png")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -28,11 +28,13 @@ from tamrun.aggregate.selection import Combined, Selection, combine, select
 from tamrun.config.schema import Config
 from tamrun.device import DeviceManager
 from tamrun.evaluate import mape, require_finite, rmse
+from tamrun.jobs.bands import day_ahead_bands, naive_bands, residual_history
 from tamrun.jobs.prepare import import_recording_libraries
 from tamrun.jobs.record import record_inputs
 from tamrun.jobs.result import RunResult
-from tamrun.pipeline import DTYPES, numerical_fix
+from tamrun.pipeline import DTYPES, Fit, numerical_fix
 from tamrun.tracking.mlflow_run import TrackedRun
+from tamrun.tracking.run_plots import log_interval_figure
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,8 @@ def aggregate_job(cfg: Any, config: Config, devices: DeviceManager, tracked: Tra
     seconds = {"experts_seconds": experts_seconds, "aggregate_seconds": time.perf_counter() - began}
     experts_frame = expert_table(forecasts, experts).assign(kept=lambda f: f["expert"].isin(pruning.kept))
     metrics = aggregate_metrics(table, experts_frame, pruning.selection, seconds)
+    table, interval_metrics = aggregate_bands(config, table, forecasts.fits[0])
+    metrics.update(interval_metrics)
     require_finite({name: metrics[name] for name in ("rmse_test", "rmse_validation")}, "an aggregate metric",
                    numerical_fix(config))
     log.info("aggregate: rmse_test=%.5g (best expert %.5g), rmse_validation=%.5g (best expert %.5g), %s, experts %s",
@@ -106,6 +110,16 @@ def aggregate_job(cfg: Any, config: Config, devices: DeviceManager, tracked: Tra
     fit = forecasts.fits[0]
     return RunResult(run_id=None, route=fit.plan.route, width=fit.model.design.width, groups=fit.model.groups,
                      coef=fit.model.coef, metrics=metrics, table=lambda: table, plan=fit.plan, stats=fit.stats)
+
+
+def aggregate_bands(config: Config, table: pd.DataFrame, static: Fit) -> Tuple[pd.DataFrame, Dict[str, float]]:
+    """The aggregate's intervals over the test days, calibrated on its validation days' residuals
+    (`tamrun.jobs.bands.day_ahead_bands`; the naive baseline from ``static``, the first family's refit);
+    the validation rows keep no interval (they calibrate)."""
+    validation, test = (table[table["period"] == period] for period in (VALIDATION, TEST))
+    banded, metrics = day_ahead_bands(config, test, "aggregate", residual_history(validation, "aggregate"),
+                                      naive_bands(config, static), static.model.groups)
+    return pd.concat([validation, banded], ignore_index=True), metrics
 
 
 def choose(forecasts: ExpertForecasts, config: Config, scale: float, devices: DeviceManager, dtype: torch.dtype
@@ -154,3 +168,4 @@ def record_aggregate(tracked: TrackedRun, config: Config, table: pd.DataFrame, e
         tracked.log_figure(monthly_figure(months, pd.Timestamp(config.split.test_start),
                                           "Monthly RMSE of the aggregate and the experts"),
                            "plots/aggregate_monthly_rmse.png")
+        log_interval_figure(tracked, table[table["period"] == TEST], "aggregate", config.data.unit)

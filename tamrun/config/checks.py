@@ -12,7 +12,8 @@ import re
 from typing import Any, List, Mapping
 
 from tamrun.config.ranges import SETTINGS, check_numbers, check_size, cli_text
-from tamrun.config.schema import AdaptiveMethod, Config, DataSource, DType, ModeName, PenaltyMode, schema_default
+from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode,
+                                  schema_default)
 from tamrun.data.expr import parse_expression
 from tamrun.errors import ConfigError
 
@@ -45,6 +46,7 @@ def check_config(cfg: Config) -> None:
     _check_data(cfg)
     _check_adaptive(cfg)
     _check_aggregate(cfg)
+    _check_intervals(cfg)
     _check_tracking(cfg)
     _check_objective(cfg)
 
@@ -161,6 +163,22 @@ def _check_kalman(cfg: Config) -> None:
              f"adaptive.kalman's grid has {pairs} (q, p0) pairs and nothing to choose among them on",
              "set split.validation_start (e.g. 2023-01-01: the pair with the lowest validation RMSE is kept), "
              f"or give one pair, e.g. {field}.q=[1e-5] {field}.p0=[1]")
+
+
+def _check_intervals(cfg: Config) -> None:
+    """intervals.levels: distinct, each strictly between 0 and 1; method=online only where forecasts are
+    issued day by day (mode adaptive or aggregate)."""
+    levels = [float(level) for level in cfg.intervals.levels]
+    for level in levels:
+        _require(0.0 < level < 1.0, "intervals.levels", level, "an interval's level must lie strictly between 0 "
+                 "and 1 (0.8: 80 % of the rows inside)", "e.g. intervals.levels=[0.8,0.95], or [] for no intervals")
+    _require(len(set(levels)) == len(levels), "intervals.levels", levels, "a level is given twice",
+             "give each level once, e.g. intervals.levels=[0.8,0.95]")
+    online = cfg.intervals.method == IntervalMethod.online
+    _require(not online or cfg.mode.name in (ModeName.adaptive, ModeName.aggregate), "intervals.method", "online",
+             f"mode={cfg.mode.name.value} forecasts its test period at once, so no test day's truth is known before "
+             "the next is forecast", "use intervals.method=fixed (or auto), or a day-ahead mode (mode=adaptive, "
+             "mode=aggregate)")
 
 
 def _check_aggregate(cfg: Config) -> None:

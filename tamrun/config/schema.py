@@ -90,6 +90,15 @@ class AdaptiveMethod(str, Enum):
     kalman = "kalman"
 
 
+class IntervalMethod(str, Enum):
+    """How prediction intervals are calibrated (tamrun/intervals.py): ``auto`` is ``online`` for the
+    day-ahead modes (adaptive, aggregate: their forecasts are issued day by day) and ``fixed`` for a run."""
+
+    auto = "auto"
+    fixed = "fixed"
+    online = "online"
+
+
 class KalmanState(str, Enum):
     """What the Kalman filter adapts: one weight per effect (and the intercept), or every coefficient."""
 
@@ -528,6 +537,25 @@ class AggregateConfig:
 
 
 @dataclass
+class IntervalConfig:
+    """Prediction intervals (tamrun/intervals.py, docs/serving.md): for each level p, the forecast plus the
+    (1 - p) / 2 and (1 + p) / 2 quantiles of residuals of rows before the period it covers (a run: its
+    validation split, else its training rows; the day-ahead modes: the validation period's day-ahead
+    forecasts, then each test day once its truth is known). In the predictions table (lower_80, upper_80),
+    the plots, the served model's output and the metrics (coverage_80_test, width_80_test, pinball_test)."""
+
+    # The levels, each in (0, 1); [] = no intervals.
+    levels: List[float] = field(default_factory=lambda: [0.8, 0.95])
+    method: IntervalMethod = IntervalMethod.auto
+    # A group with fewer calibration rows than this takes the quantiles of every group's rows (method fixed).
+    min_group_rows: int = 50
+    # method online: the days of residuals each day's quantiles are taken from, and the step of the level's
+    # adaptation (adaptive conformal inference: a larger step follows a drift faster, with noisier widths).
+    window_days: int = 365
+    gamma: float = 0.01
+
+
+@dataclass
 class ModeConfig:
     """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only;
     ``adaptive`` refits on a sliding window over the test period (settings: `Config.adaptive`);
@@ -548,6 +576,7 @@ class Config:
     mode: ModeConfig = field(default_factory=ModeConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
+    intervals: IntervalConfig = field(default_factory=IntervalConfig)
     dtype: DType = DType.float64
     # Seeds torch and the forests' random trees (a forest effect's own `seed` wins).
     seed: int = 0

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional
 
 import pandas as pd
 import torch
 
-from tamrun.config.schema import DataConfig
+from tamrun.config.schema import Config, DataConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.evaluate import (predictions_table, require_finite, require_plausible, require_supported, scored,
                              split_scores)
+from tamrun.intervals import GroupBands, interval_metrics, level_label
+from tamrun.jobs.bands import batch_bands, row_groups
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
@@ -56,11 +58,13 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
                           numerical_fix(config))
         require_supported({split.name: (split.batch, split.predicted) for split in splits if split.name != "train"},
                           fit.train, fit.model.coef.shape[1], support_fix(config))
+        fit.model.intervals = calibration_bands(config, splits)
+        metrics.update(band_metrics(config, splits, fit.model.intervals))
     metrics.update(run_metrics(prepared, fit))
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
                                                                     ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))
     log.info("%s", memory_line(metrics))
-    table = functools.cache(lambda: evaluation_table(config.data, splits))
+    table = functools.cache(lambda: evaluation_table(config.data, splits, fit.model.intervals))
     with recorder.phase("record"):
         record_fit(tracked, prepared, fit, table, metrics)
     after = {"peak_after_planning_bytes": recorder.peak_after_planning(), **recorder.phase_metrics("record")}
@@ -100,10 +104,39 @@ def predict_splits(prepared: Prepared, fit: Fit) -> List[ScoredSplit]:
     return scored_splits
 
 
-def evaluation_table(data: DataConfig, splits: List[ScoredSplit]) -> pd.DataFrame:
-    """The predictions table of every split (date, group, split, actual, predicted)."""
+def evaluation_table(data: DataConfig, splits: List[ScoredSplit], bands: Optional[GroupBands] = None
+                     ) -> pd.DataFrame:
+    """The predictions table of every split (date, group, split, actual, predicted, the intervals)."""
     return pd.concat([predictions_table(split.frame, split.batch, split.predicted, data.date_column, data.group,
-                                        split.name) for split in splits], ignore_index=True)
+                                        split.name, bands) for split in splits], ignore_index=True)
+
+
+def calibration_split(splits: List[ScoredSplit]) -> ScoredSplit:
+    """The rows a run's intervals are calibrated on: its validation split (out of the fit), else its
+    training rows (in the fit: their residuals are smaller than a forecast's, the intervals narrower)."""
+    return next((split for split in splits if split.name == "validation"), splits[0])
+
+
+def calibration_bands(config: Config, splits: List[ScoredSplit]) -> Optional[GroupBands]:
+    """The run's fixed intervals (`tamrun.jobs.bands.batch_bands` of `calibration_split`); None without levels."""
+    calibration = calibration_split(splits)
+    bands = batch_bands(config, calibration.batch, calibration.predicted)
+    if bands is not None:
+        log.info("intervals %s calibrated on the %s rows' residuals", ", ".join(map(level_label, bands.levels)),
+                 calibration.name)
+    return bands
+
+
+def band_metrics(config: Config, splits: List[ScoredSplit], bands: Optional[GroupBands]) -> Dict[str, float]:
+    """coverage / width per level and the pinball loss of ``bands`` on every split (`interval_metrics`)."""
+    if bands is None:
+        return {}
+    metrics: Dict[str, float] = {}
+    for split in splits:
+        actual, predicted = scored(split.batch, split.predicted)
+        metrics.update(interval_metrics(actual, bands.columns(predicted, row_groups(split.batch)), bands.levels,
+                                        split.name))
+    return metrics
 
 
 # The phases whose working memory the plan predicts (its fit and predict chunks).
@@ -135,7 +168,8 @@ def run_metrics(prepared: Prepared, fit: Fit) -> Dict[str, float]:
         "chunk_groups": stats.group_chunk, "chunk_rows": plan.fit.rows,
         "n_train_rows": float(len(prepared.splits.train)), "n_test_rows": float(len(prepared.splits.test)),
         "safety_margin_bytes": prepared.config.memory.safety_margin_bytes,
-        "recording_reserve_bytes": recording_reserve(prepared.config.tracking, prepared.splits.n_scored),
+        "recording_reserve_bytes": recording_reserve(prepared.config.tracking, prepared.splits.n_scored,
+                                                     len(prepared.config.intervals.levels)),
     })
     metrics.update({"fit_setup_seconds": stats.setup_seconds, "fit_solve_seconds": stats.solve_seconds})
     planned = recorder.working_peak(PLANNED_PHASES)  # the measured side of the plan's prediction (0: not metered)

@@ -207,8 +207,8 @@ def problem_size(n_groups: int, n_rows: int, design: "AdditiveDesign", itemsize:
 # free memory before the chunks are chosen (`recording_bytes`; measured on the national table with
 # memory.limit=5MiB, `python -m tamrun.bench.rss`):
 #   the predictions table of every scored row (date, group, split, actual, predicted: 5 columns of 8
-#     bytes), built per split, concatenated and sorted: 3 copies at its peak; built only when its CSV
-#     or the plots are logged
+#     bytes, and 2 per interval level: lower_<p>, upper_<p>), built per split, concatenated and sorted:
+#     3 copies at its peak; built only when its CSV or the plots are logged
 #   the plots (figures, their Agg canvases and PNG encodings): PLOTS_BYTES (measured 12.4 MiB)
 #   the pyfunc model (its files, signature and input example): MODEL_BYTES (measured 3.3 MiB)
 RESULT_COLUMNS = 5
@@ -217,14 +217,17 @@ PLOTS_BYTES = 24 * 2**20
 MODEL_BYTES = 8 * 2**20
 
 
-def results_bytes(n_scored_rows: int) -> int:
-    """Bytes of the run's predictions table at its peak: rows x 5 columns x 8 bytes x 3 copies."""
-    return n_scored_rows * RESULT_COLUMNS * 8 * RESULT_COPIES
+def results_bytes(n_scored_rows: int, levels: int = 0) -> int:
+    """Bytes of the run's predictions table at its peak: rows x (5 + 2 x ``levels``) columns x 8 bytes x 3
+    copies (``levels``: its intervals)."""
+    return n_scored_rows * (RESULT_COLUMNS + 2 * levels) * 8 * RESULT_COPIES
 
 
-def recording_bytes(n_scored_rows: int, table: bool, plots: bool, model: bool) -> int:
-    """Bytes the recording adds after the fit: the predictions table (``table``), the plots, the model."""
-    return (results_bytes(n_scored_rows) if table else 0) + (PLOTS_BYTES if plots else 0) + (MODEL_BYTES if model else 0)
+def recording_bytes(n_scored_rows: int, table: bool, plots: bool, model: bool, levels: int = 0) -> int:
+    """Bytes the recording adds after the fit: the predictions table (``table``, with ``levels`` intervals),
+    the plots, the model."""
+    return ((results_bytes(n_scored_rows, levels) if table else 0) + (PLOTS_BYTES if plots else 0)
+            + (MODEL_BYTES if model else 0))
 
 
 # ---- the unplanned data phase --------------------------------------------------------------------

@@ -63,11 +63,14 @@ def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 7
     first ``zoom_days`` days. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
 
-    part = table[table["split"] == split].groupby("date")[["actual", "predicted"]].sum().sort_index()
+    rows = table[table["split"] == split]
+    part = rows.groupby("date")[["actual", "predicted"]].sum().sort_index()
     figure = Figure(figsize=(12, 6.5))
     _fixed_margins(figure)
     full, zoom = figure.subplots(2, 1)
-    for axis, data in ((full, part), (zoom, part[part.index < part.index.min() + pd.Timedelta(days=zoom_days)])):
+    zoomed = part[part.index < part.index.min() + pd.Timedelta(days=zoom_days)]
+    draw_bands(zoom, rows[rows["date"] < part.index.min() + pd.Timedelta(days=zoom_days)])
+    for axis, data in ((full, part), (zoom, zoomed)):
         for column, colour in (("actual", "black"), ("predicted", "tab:orange")):
             drawn = data[column].iloc[line_envelope(data[column].to_numpy(dtype=float))]
             axis.plot(drawn.index, drawn.to_numpy(), lw=0.6, color=colour, label=column)
@@ -77,6 +80,61 @@ def forecast_figure(table: pd.DataFrame, split: str = "test", zoom_days: int = 7
     zoom.set_title(f"Zoom: the first {zoom_days} days of the {split} period")
     zoom.set_xlabel("date")
     full.legend(loc="upper right")
+    if zoom.collections:  # intervals shaded
+        zoom.legend(loc="upper right")
+    return figure
+
+
+BAND_ALPHA = (0.2, 0.3)  # the shades of the intervals, widest first (a narrower one, drawn over it, looks darker)
+
+
+def draw_bands(axis, rows: pd.DataFrame) -> None:
+    """Shade each interval of ``rows`` (columns lower_<p>, upper_<p>), the widest first. Nothing to draw
+    without them or where a date has rows of several groups (a sum of bounds is no interval of the sum)."""
+    lows = sorted((c for c in rows.columns if c.startswith("lower_")), key=lambda c: -float(c[len("lower_"):]))
+    if not lows or rows["date"].duplicated().any():
+        return
+    rows = rows.sort_values("date")
+    for index, low in enumerate(lows):
+        label = low[len("lower_"):]
+        axis.fill_between(rows["date"].to_numpy(), rows[low].to_numpy(dtype=float),
+                          rows[f"upper_{label}"].to_numpy(dtype=float), color="tab:orange", linewidth=0,
+                          alpha=BAND_ALPHA[min(index, len(BAND_ALPHA) - 1)], label=f"{label} % interval")
+
+
+def interval_figure(rows: pd.DataFrame, forecast: str, zoom_days: int = 7, title: str = "", unit: str = ""):
+    """The intervals of a forecast (``rows``: date, group, actual, ``forecast``, lower_<p>, upper_<p>): top,
+    its first ``zoom_days`` days shaded (`draw_bands`); bottom, each level's coverage per calendar month
+    against its nominal level (dashed). Returns a matplotlib Figure."""
+    from matplotlib.figure import Figure
+
+    rows = rows.sort_values("date", kind="stable")
+    dates = pd.to_datetime(rows["date"])
+    figure = Figure(figsize=(12, 6.5))
+    _fixed_margins(figure)
+    zoom, months = figure.subplots(2, 1)
+    first = rows[dates < dates.min() + pd.Timedelta(days=zoom_days)]
+    draw_bands(zoom, first)
+    zoom.plot(pd.to_datetime(first["date"]), first["actual"].to_numpy(dtype=float), lw=0.6, color="black", label="actual")
+    zoom.plot(pd.to_datetime(first["date"]), first[forecast].to_numpy(dtype=float), lw=0.6, color="tab:orange",
+              label=forecast)
+    zoom.set_ylabel(_label("target", unit))
+    zoom.set_title(title or f"The first {zoom_days} days and their intervals")
+    zoom.legend(loc="upper right")
+    month = dates.dt.to_period("M")
+    for low in (c for c in rows.columns if c.startswith("lower_")):
+        label = low[len("lower_"):]
+        inside = (rows["actual"] >= rows[low]) & (rows["actual"] <= rows[f"upper_{label}"])
+        monthly = 100.0 * inside.groupby(month).mean()
+        line, = months.plot(monthly.index.to_timestamp(), monthly.to_numpy(), marker="o", lw=0.8,
+                            label=f"{label} % interval")
+        months.axhline(float(label), color=line.get_color(), ls="--", lw=0.8)
+    months.set_ylabel("coverage per month (%)")
+    months.set_xlabel("month")
+    months.grid(alpha=0.3)
+    months.legend(loc="lower right")
+    for axis in (zoom, months):
+        axis.grid(alpha=0.3)
     return figure
 
 

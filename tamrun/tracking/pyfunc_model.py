@@ -75,11 +75,14 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
 
 def prediction_table(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
     """One row per row of ``frame``, in its order: its date and group columns (those it has) as given,
-    and `PREDICTION`."""
+    `PREDICTION` and, for a model with intervals, each level's (lower_80, upper_80, ...)."""
     frame = pd.DataFrame(frame).reset_index(drop=True)
     keys = [column for column in (model.recipe.date_column, model.recipe.group) if column and column in frame.columns]
     table = frame[keys].copy()
-    table[PREDICTION] = model.predict_values(frame)
+    predicted, codes = model.predict_with_groups(frame)
+    table[PREDICTION] = predicted
+    if model.intervals is not None:
+        table = table.assign(**model.intervals.columns(predicted, codes))
     return table
 
 

@@ -1,6 +1,6 @@
 """The plots every run logs (plots/*.png): forecast with a one-week zoom, partial effects, residuals by
-time of day (sub-daily dates), day of week (daily) or month (weekly or coarser), memory timeline and,
-when the CG route ran, its residual history."""
+time of day (sub-daily dates), day of week (daily) or month (weekly or coarser), memory timeline, the
+test period's intervals (`log_interval_figure`, every mode) and, when the CG route ran, its residual history."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tamrun.effects.partial import partial_effect_curves
 from tamrun.pipeline import Fit
 from tamrun.solve.cg import DEFAULT_TOL
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.plots import (cg_residual_figure, forecast_figure, memory_timeline_figure,
+from tamrun.tracking.plots import (cg_residual_figure, forecast_figure, interval_figure, memory_timeline_figure,
                                    partial_effects_figure, residual_period, residuals_by_period_figure)
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,15 @@ def log_run_plots(tracked: TrackedRun, config: Config, fit: Fit, table: pd.DataF
     tracked.log_figure(residuals_by_period_figure(table, period, unit=unit), f"plots/residuals_by_{period}.png")
     tracked.log_figure(memory_timeline_figure(report["snapshots"], limit, fit.plan.predicted_peak),
                        "plots/memory_timeline.png")
+    log_interval_figure(tracked, table[table["split"] == "test"], "predicted", unit)
     if fit.stats.cg_history:
         tol = config.solver.tol if config.solver.tol is not None else DEFAULT_TOL[fit.model.coef.dtype]
         tracked.log_figure(cg_residual_figure(fit.stats.cg_history, tol), "plots/cg_residuals.png")
     log.info("plots logged under plots/")
+
+
+def log_interval_figure(tracked: TrackedRun, rows: pd.DataFrame, forecast: str, unit: str = "") -> None:
+    """plots/intervals.png (`interval_figure`) of the test rows ``rows`` of a forecast column, when they
+    carry intervals (intervals.levels)."""
+    if any(column.startswith("lower_") for column in rows.columns):
+        tracked.log_figure(interval_figure(rows, forecast, unit=unit), "plots/intervals.png")
