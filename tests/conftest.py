@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import numpy as np
 import pandas as pd
@@ -130,3 +130,11 @@ def sh_blocks(page: Path) -> List[str]:
         elif current is not None:
             current.append(line)
     return blocks
+
+
+def by_name(logged: Dict[str, float]) -> Dict[str, float]:
+    """A run's logged metrics by plain name (``solver/cg_iterations`` -> ``cg_iterations``;
+    `tamrun.tracking.metric_keys`)."""
+    from tamrun.tracking.metric_keys import metric_name
+
+    return {metric_name(key): value for key, value in logged.items()}

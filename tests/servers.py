@@ -96,7 +96,7 @@ class MlflowServer:
                  "--workers", str(self.workers), *self.extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, **TRACKING_ONLY, **self.env})
         trust = ssl.create_default_context(cafile=str(self.certificate)) if self.certificate else None
-        deadline = time.monotonic() + START_DEADLINE_S
+        deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
             try:
@@ -134,14 +134,16 @@ def mlflow_server(folder: Path, backend: Optional[str] = None, workers: int = 1)
 
 
 @contextlib.contextmanager
-def model_server(python: str, model: str, log: Path, env: Optional[dict] = None) -> Iterator[str]:
-    """`mlflow models serve -m <model> --env-manager local` of the Python ``python`` (its environment
-    serves the model) on 127.0.0.1; yields its URL once /ping answers and stops its process group
-    afterwards."""
+def model_server(python: str, model: str, log: Path, env: Optional[dict] = None, env_manager: str = "local",
+                 deadline_s: float = START_DEADLINE_S) -> Iterator[str]:
+    """`mlflow models serve -m <model> --env-manager <env_manager>` of the Python ``python`` on 127.0.0.1
+    (``local``: its environment serves the model; ``virtualenv``: MLflow builds the model's own from its
+    requirements first); yields its URL once /ping answers (within ``deadline_s``) and stops its process
+    group afterwards."""
     port = free_port()
     path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # MLflow runs its server by name (uvicorn)
     with open(log, "a") as out:
-        process = subprocess.Popen([python, "-m", "mlflow", "models", "serve", "-m", model, "--env-manager", "local",
+        process = subprocess.Popen([python, "-m", "mlflow", "models", "serve", "-m", model, "--env-manager", env_manager,
                                     "--host", "127.0.0.1", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, env={**os.environ, "PATH": path, **(env or {})})
     url = f"http://127.0.0.1:{port}"

@@ -17,7 +17,7 @@ from tamrun.config.load import typed_config
 from tamrun.errors import ConfigError
 from tamrun.runner import run
 
-from conftest import csv_overrides
+from conftest import by_name, csv_overrides
 
 SPLINE = "+model.effects.sx={kind: spline, column: x, k: 10, ap: -6}"
 DOW = "+model.effects.dow={kind: categorical, column: dow, topo: nominal, ap: -6}"
@@ -51,7 +51,7 @@ def test_an_aggregate_run_records_the_experts_the_weights_and_the_choice(compose
     client = MlflowClient(tracking_uri=store_uri)
     info = client.get_run(result.run_id)
     assert info.info.status == "FINISHED" and info.data.tags["model"] == "aggregate"
-    metrics = info.data.metrics
+    metrics = by_name(info.data.metrics)
     for name in ("static", "slow", "fast", "spline_only"):
         assert {f"rmse_test_{name}", f"rmse_validation_{name}"} <= set(metrics)
     assert metrics["rmse_test_best_expert"] == min(metrics[f"rmse_test_{n}"] for n in ("static", "slow", "fast",
@@ -202,7 +202,7 @@ def test_day_ahead_aggregate_beats_1000_mw_and_its_best_expert_on_2024(compose_c
     result = run(compose_cfg("+experiment=day_ahead_aggregate", "tracking.log_plots=false"))
     info = MlflowClient(store_uri).get_run(result.run_id)
     assert info.info.status == "FINISHED"
-    metrics = info.data.metrics
+    metrics = by_name(info.data.metrics)
     assert metrics["rmse_test"] <= 1000.0 and metrics["rmse_test"] < metrics["rmse_test_best_expert"]
     assert metrics["rmse_validation"] < metrics["rmse_validation_best_expert"]
     assert metrics["aggregate_experts"] == 3

@@ -79,7 +79,7 @@ def test_an_impossible_limit_stops_before_fitting_with_the_minimal_limit(tmp_pat
     assert "Traceback" not in done.stdout + done.stderr
     (logged,) = MlflowClient(tracking_uri=store).search_runs(["1"])
     assert logged.info.status == "FAILED"
-    assert "solve_seconds" not in logged.data.metrics  # nothing was fitted
+    assert not [key for key in logged.data.metrics if key.endswith("solve_seconds")]  # nothing was fitted
 
 
 def test_a_limit_that_leaves_cg_a_few_rows_refuses_and_the_limit_it_names_plans_min_chunk_rows(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from conftest import csv_overrides, synthetic_frame
+from conftest import by_name, csv_overrides, synthetic_frame
 from tamrun.__main__ import main
 from tamrun.config.effects import CategoricalSpec, SplineSpec
 from tamrun.config.schema import GcvConfig, MemoryConfig, OomConfig, SolverConfig
@@ -222,7 +222,7 @@ def test_a_gcv_run_through_the_command_line_logs_and_fits_with_the_chosen_penalt
     assert done.returncode == 0, done.stdout + done.stderr
     client = MlflowClient(tracking_uri=store)
     (logged,) = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id])
-    params, metrics = logged.data.params, logged.data.metrics
+    params, metrics = logged.data.params, by_name(logged.data.metrics)
     assert params["model.penalties"] == "gcv"
     chosen = {name: float(params[f"gcv_ap.{name}"]) for name in ("sx", "dow")}
     assert metrics["gcv_score"] <= metrics["gcv_score_configured"] and metrics["gcv_candidates"] >= 1 + 2 * 5

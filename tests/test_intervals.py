@@ -14,7 +14,7 @@ from tamrun.intervals import (band_columns, calibrate, grouped_quantiles, interv
                               online_bands, pinball, quantile_levels)
 from tamrun.runner import run
 
-from conftest import csv_overrides
+from conftest import by_name, csv_overrides
 
 TOL = 1e-12  # float64 quantiles and means of a few hundred numbers
 
@@ -137,7 +137,7 @@ def test_a_runs_intervals_are_calibrated_on_its_validation_split_and_scored_on_e
     """The synthetic data's noise is N(0, 0.1^2): the 80 % interval's width is close to 2 x 1.2816 x 0.1;
     every split's rows lie inside their 80 % bounds about 80 % of the time; the bounds bracket the forecast."""
     result = run(compose_cfg(*csv_overrides(csv_path), "split.validation_start=2020-10-01", "tracking.log_plots=false"))
-    metrics = MlflowClient(store_uri).get_run(result.run_id).data.metrics
+    metrics = by_name(MlflowClient(store_uri).get_run(result.run_id).data.metrics)
     assert metrics["coverage_80_validation"] == pytest.approx(80.0, abs=1.0)  # its calibration rows: 80 % by construction
     for split in ("train", "test"):
         assert metrics[f"coverage_80_{split}"] == pytest.approx(80.0, abs=5.0)
@@ -151,6 +151,6 @@ def test_a_runs_intervals_are_calibrated_on_its_validation_split_and_scored_on_e
 def test_no_levels_no_intervals(compose_cfg, store_uri, csv_path):
     result = run(compose_cfg(*csv_overrides(csv_path), "intervals.levels=[]", "tracking.log_plots=false",
                              "tracking.log_model=false"))
-    metrics = MlflowClient(store_uri).get_run(result.run_id).data.metrics
+    metrics = by_name(MlflowClient(store_uri).get_run(result.run_id).data.metrics)
     assert not [name for name in metrics if name.startswith(("coverage_", "width_", "pinball_"))]
     assert not [column for column in result.predictions.columns if column.startswith(("lower_", "upper_"))]

@@ -27,7 +27,7 @@ from tamrun.memory.tracker import MemoryTracker
 from tamrun.pipeline import build_features, load_splits
 from tamrun.runner import run
 
-from conftest import csv_overrides, synthetic_frame
+from conftest import by_name, csv_overrides, synthetic_frame
 
 F64 = torch.float64
 
@@ -297,7 +297,7 @@ def test_day_ahead_beats_1300_mw_on_2024_with_every_choice_made_on_2023(compose_
     result = run(compose_cfg("+experiment=day_ahead", "tracking.log_plots=false"))
     run_info = MlflowClient(store_uri).get_run(result.run_id)
     assert run_info.info.status == "FINISHED"
-    metrics = run_info.data.metrics
+    metrics = by_name(run_info.data.metrics)
     assert metrics["rmse_test"] <= 1300.0
     assert metrics["rmse_test"] < metrics["rmse_test_static"]
     assert metrics["rmse_validation"] < metrics["rmse_validation_static"]

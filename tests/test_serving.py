@@ -1,13 +1,12 @@
 """The logged model served the MLflow way (`mlflow models serve`, a real HTTP server on 127.0.0.1): from
-this environment, and from an environment built from nothing but the model's own requirements.txt
-(tamrun not installed there: its code travels with the model). Rows of the national table as the user
-has them, dates as text, sent as CSV and as JSON; the answer is a table (date, group, prediction) equal
-to the run's own test predictions (float64, to 1e-8 relative)."""
+this environment, and from the environment MLflow's virtualenv manager builds from nothing but the model's
+own requirements.txt (tamrun not installed there: its code travels with the model). Rows of the national
+table as the user has them, dates as text, sent as CSV and as JSON; the answer is a table (date, group,
+prediction and its intervals) equal to the run's own test predictions (float64, to 1e-8 relative)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -26,6 +25,7 @@ from servers import model_server
 
 DAYS = "2024-01-0"  # the rows of 2024-01-01 .. 2024-01-09: 432 half-hours of the test year
 ENV_BUILD_TIMEOUT_S = 1500  # pip installing the model's requirements (torch from the local wheel) on 2 cores
+BANDS = ["lower_80", "upper_80", "lower_95", "upper_95"]  # intervals.levels' default [0.8, 0.95]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def national(tmp_path_factory):
     result = run(cfg)
     rows = pd.read_csv(embedded_path(), dtype={"date": str})  # the file as it is: dates are text
     rows = rows[rows["date"].str.startswith(DAYS)].reset_index(drop=True)
-    test = result.predictions[result.predictions["split"] == "test"].set_index(["date", "group"])["predicted"]
+    test = result.predictions[result.predictions["split"] == "test"].set_index(["date", "group"])[["predicted", *BANDS]]
     expected = test.loc[list(zip(pd.to_datetime(rows["date"]), rows["tod"]))].to_numpy()
     client = mlflow.MlflowClient(tracking_uri=store)
     (logged,) = client.search_logged_models([client.get_run(result.run_id).info.experiment_id])
@@ -75,10 +75,10 @@ def check_served(url: str, national: dict) -> None:
     as_json = invoke(url, json.dumps({"dataframe_split": json.loads(rows.to_json(orient="split", index=False))}
                                      ).encode(), "application/json")
     for served in (as_csv, as_json):
-        assert list(served.columns) == ["date", "tod", "predicted"]
+        assert list(served.columns) == ["date", "tod", "predicted", *BANDS]
         assert served["date"].tolist() == rows["date"].tolist() and served["tod"].tolist() == rows["tod"].tolist()
         # another process's BLAS may sum in another order: 1e-8 relative (5e-4 MW on 50,000 MW)
-        np.testing.assert_allclose(served["predicted"].to_numpy(), national["expected"], rtol=1e-8, atol=0)
+        np.testing.assert_allclose(served[["predicted", *BANDS]].to_numpy(), national["expected"], rtol=1e-8, atol=0)
 
 
 def test_the_run_s_model_serves_csv_and_json_rows_with_dates_as_text(national, tmp_path):
@@ -96,21 +96,19 @@ def test_the_run_s_model_serves_csv_and_json_rows_with_dates_as_text(national, t
         assert "temperature_smooth_950" in str(refused.value)  # the column named
 
 
-def test_the_model_serves_from_an_environment_built_from_its_own_requirements(national, tmp_path):
-    """A new virtual environment with only the model's requirements.txt installed (pip; an unreachable
-    index is tried once, PIP_RETRIES=0): tamrun cannot be imported there, yet the model serves the same
-    predictions (its code travels with it)."""
-    requirements = Path(national["model"]) / "requirements.txt"
-    listed = requirements.read_text()
+def test_the_model_serves_from_the_environment_mlflow_builds_from_its_own_requirements(national, tmp_path):
+    """`mlflow models serve --env-manager virtualenv`: MLflow makes a new virtual environment (its root in
+    MLFLOW_ENV_ROOT) and pip installs the model's requirements.txt there (an unreachable index is tried once,
+    PIP_RETRIES=0); tamrun cannot be imported in it, yet the model serves the same predictions (its code
+    travels with it)."""
+    listed = (Path(national["model"]) / "requirements.txt").read_text()
     assert "tamrun" not in listed and "--extra-index-url https://download.pytorch.org/whl/cpu" in listed
-    env_dir = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=300)
-    python = str(env_dir / "bin" / "python")
-    installed = subprocess.run([python, "-m", "pip", "install", "-q", "-r", str(requirements)], capture_output=True,
-                               text=True, timeout=ENV_BUILD_TIMEOUT_S, env={**os.environ, "PIP_RETRIES": "0"})
-    assert installed.returncode == 0, installed.stderr[-3000:]
-    alone = subprocess.run([python, "-c", "import tamrun"], capture_output=True, text=True, timeout=120,
+    envs = tmp_path / "envs"
+    env = {"MLFLOW_ENV_ROOT": str(envs), "PIP_RETRIES": "0"}
+    with model_server(sys.executable, national["model"], tmp_path / "serve.log", env, env_manager="virtualenv",
+                      deadline_s=ENV_BUILD_TIMEOUT_S) as url:
+        check_served(url, national)
+    (python,) = envs.glob("*/bin/python")  # the one environment MLflow built for the model
+    alone = subprocess.run([str(python), "-c", "import tamrun"], capture_output=True, text=True, timeout=120,
                            cwd=tmp_path)
     assert "No module named 'tamrun'" in alone.stderr  # not installed in the model's environment
-    with model_server(python, national["model"], tmp_path / "serve.log") as url:
-        check_served(url, national)

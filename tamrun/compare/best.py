@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence
 
 from tamrun.errors import ConfigError
+from tamrun.tracking.metric_keys import logged_value
 
 DEFAULT_ALIAS = "champion"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -47,7 +48,7 @@ def ranking_metric(runs: Sequence[Any], sort: Optional[str]) -> str:
 
 def _value(run: Any, metric: str) -> Optional[float]:
     """The run's finite value of ``metric`` when it FINISHED, else None (it cannot be the best)."""
-    value = run.data.metrics.get(metric)
+    value = logged_value(run.data.metrics, metric)
     if run.info.status != "FINISHED" or value is None or not math.isfinite(value):
         return None
     return float(value)
@@ -76,7 +77,7 @@ def check_sort(metric: str, runs: Sequence[Any]) -> None:
     from tamrun.tracking.ui_view import DECISIVE_METRICS
 
     logged = sorted({key for run in runs for key in run.data.metrics})
-    if runs and metric not in logged:
+    if runs and all(logged_value(run.data.metrics, metric) is None for run in runs):
         near = difflib.get_close_matches(metric, logged, n=3) + [key for key in DECISIVE_METRICS if key in logged]
         raise ConfigError("--sort", metric, "no shown run logged that metric",
                           f"sort on one they logged, e.g. {', '.join(dict.fromkeys(near)) or 'rmse_test'}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from tamrun.numbers import significant
+from tamrun.tracking.metric_keys import logged_value
 from tamrun.tracking.sweep_names import VALUE_TAG_PREFIX
 from tamrun.tracking.ui_view import DECISIVE_METRICS, DECISIVE_PARAMS, DECISIVE_TAGS
 
@@ -30,11 +31,12 @@ def swept_values(tags: Dict[str, str]) -> str:
 
 
 def metric_value(metrics: Dict[str, float], key: str) -> str:
-    """A metric to 4 significant digits; ``peak_memory_mib`` from ``peak_memory_bytes`` for a run older
-    than that metric."""
-    if key == "peak_memory_mib" and key not in metrics and "peak_memory_bytes" in metrics:
-        return significant(metrics["peak_memory_bytes"] / 2**20)
-    return significant(metrics[key]) if key in metrics else MISSING
+    """A metric (plain name or key, `logged_value`) to 4 significant digits; ``peak_memory_mib`` from
+    ``peak_memory_bytes`` for a run older than that metric."""
+    value = logged_value(metrics, key)
+    if key == "peak_memory_mib" and value is None and logged_value(metrics, "peak_memory_bytes") is not None:
+        return significant(logged_value(metrics, "peak_memory_bytes") / 2**20)
+    return significant(value) if value is not None else MISSING
 
 
 def row(run: Any, metrics: Sequence[str]) -> List[str]:

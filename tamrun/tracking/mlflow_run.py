@@ -28,6 +28,7 @@ from tamrun.config.schema import TrackingConfig
 from tamrun.errors import INTERRUPTED, ConfigError, FilesystemError, TamrunError, error_kind
 from tamrun.filesystem import Place, filesystem_error, temporary_place, writing
 from tamrun.tracking.held_spool import spool_dir, upload_waiting
+from tamrun.tracking.metric_keys import metric_key
 from tamrun.tracking.params import to_params
 from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numbered
 from tamrun.tracking.runlog import RunLog
@@ -390,19 +391,20 @@ class TrackedRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
-        self.metrics.update((metric.key, metric.value) for metric in batch)
+        logged = {k: float(v) for k, v in metrics.items() if v is not None}
+        self.metrics.update(logged)  # by plain name (the run's last line reads them)
+        batch = [Metric(metric_key(k), v, now, step) for k, v in logged.items()]  # grouped (`metric_key`)
         for start in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
 
     def log_metric_history(self, name: str, values: Iterable[float]) -> None:
-        """A stepped metric: value i at step i."""
+        """A stepped metric: value i at step i (under its key, `metric_key`)."""
         if not self.enabled:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(name, float(v), now, i) for i, v in enumerate(values)]
+        batch = [Metric(metric_key(name), float(v), now, i) for i, v in enumerate(values)]
         for start in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
 

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from tamrun.errors import LOST
+from tamrun.tracking.metric_keys import logged_value
 from tamrun.tracking.plots import sweep_objective_figure
 from tamrun.tracking.sweep_names import SweptKeys, value_tag
 
@@ -55,7 +56,8 @@ def job_row(run: Any, swept: Sequence[str]) -> Dict[str, Any]:
            "status": run.info.status, **{key: tags.get(value_tag(key)) for key in swept},
            "overrides": tags.get("sweep_overrides", ""), "error_type": tags.get("error_type", ""),
            "error_kind": tags.get("error_kind", "")}
-    row.update({name: metrics[name] for name in SUMMARY_METRICS if name in metrics})
+    values = {name: logged_value(metrics, name) for name in SUMMARY_METRICS}
+    row.update({name: value for name, value in values.items() if value is not None})
     return row
 
 

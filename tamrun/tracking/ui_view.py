@@ -27,6 +27,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from tamrun.tracking.metric_keys import metric_key
+
 log = logging.getLogger(__name__)
 
 VIEW_KEY = "tamrun"
@@ -38,7 +40,7 @@ DECISIVE_PARAMS = ("route",)
 DECISIVE_TAGS = ("device",)
 SWEEP_TAG_PREFIX = "sweep."
 # Columns after the decisive ones: shown, but to the right (Duration cannot be hidden in the UI).
-TRAILING_COLUMNS = ("duration", "attributes.`Dataset`", "attributes.`Models`", "metrics.`oom_retries`",
+TRAILING_COLUMNS = ("duration", "attributes.`Dataset`", "attributes.`Models`", "metrics.`memory/oom_retries`",
                     "params.`model.name`")
 # The UI's own ids of its pinned columns and of the run's duration.
 RUN_NAME_COLUMN = "attributes.`Run Name`"
@@ -64,7 +66,8 @@ class RunsView:
     def decisive(self) -> List[str]:
         """The decisive columns in their order, after the pinned name and status."""
         metrics = [*self.objectives, *DECISIVE_METRICS]
-        return ([column("metrics", name) for name in metrics] + [column("params", name) for name in DECISIVE_PARAMS]
+        return ([column("metrics", metric_key(name)) for name in metrics]
+                + [column("params", name) for name in DECISIVE_PARAMS]
                 + [column("tags", name) for name in (*DECISIVE_TAGS, *self.swept_tags)])
 
     def merged(self, objective: Optional[str] = None, swept_tags: Iterable[str] = ()) -> "RunsView":
