@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -66,19 +65,20 @@ def split_of(rows: int) -> Dict[str, str]:
 
 def read_once(path: str, split: Dict[str, str]) -> dict:
     """In this (fresh) process: read ``path`` as a run would; seconds, peak RSS above the baseline, what was read."""
+    from tamrun.bench.child import PeakMeter
     from tamrun.config.schema import DataConfig, DataSource, SplitConfig
     from tamrun.data.load import read_table
     from tamrun.data.parquet import DateWindow
 
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    meter = PeakMeter("cpu")  # VmHWM reset here: a child's ru_maxrss may be its parent's, inherited over exec
+    meter.start()
     cfg = DataConfig(name="csv", source=DataSource.file, path=path, target="y", group="site")
     began = time.perf_counter()
     loaded = read_table(cfg, {"data.target": "y", "data.group": "site", "model.effects.x.column": "x"},
                         window=DateWindow.of(SplitConfig(**split)))
     seconds = time.perf_counter() - began
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     read = loaded.parquet
-    return {"seconds": seconds, "peak_above_baseline": peak - baseline, "rows": len(loaded.frame),
+    return {"seconds": seconds, "peak_above_baseline": meter.peak_above_baseline(), "rows": len(loaded.frame),
             "columns": loaded.frame.shape[1], "pushed_down": bool(read and read.pushed_down)}
 
 
