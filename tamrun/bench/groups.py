@@ -65,12 +65,13 @@ def write_table(frame: pd.DataFrame, folder: Path, form: str) -> Path:
 
 
 def recorded(uri: str) -> Dict[str, float]:
-    """The metrics of the store's latest run."""
+    """The metrics of the store's latest run, by their names without a prefix (``time/fit_seconds``: ``fit_seconds``)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
-    return client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1)[0].data.metrics
+    metrics = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1)[0].data.metrics
+    return {name.rsplit("/", 1)[-1]: value for name, value in metrics.items()}
 
 
 def measure(groups: int, rows: int, form: str, workdir: Path, overrides: List[str]) -> Dict[str, float]:
