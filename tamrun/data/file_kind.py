@@ -64,7 +64,8 @@ def regular_file(path: Path, field: str = "data.path") -> Path:
         raise DataError(field, str(path), f"the path cannot be used ({os_reason(exc)})",
                         "point data.path at an existing CSV file") from None
     if stat.S_ISDIR(mode):
-        raise DataError(field, str(path), "a folder, not a file", "point data.path at a CSV file inside it")
+        raise DataError(field, str(path), "a folder, not a file (and it holds no Parquet files)",
+                        "point data.path at a CSV file inside it, or at a folder of Parquet files")
     kind = what_it_is(mode)
     if kind is not None:
         raise DataError(field, str(path), f"{kind}, not a regular file (it is not read)", FIX_FILE)

@@ -4,6 +4,7 @@ folder of files, `tamrun.data.parquet`: only the columns used, only the rows of 
 from __future__ import annotations
 
 import logging
+import os
 import zlib
 from dataclasses import dataclass
 from importlib import resources
@@ -33,7 +34,7 @@ def table_path(cfg: DataConfig) -> Path:
     """The data the config names (data.path, or the embedded dataset): a folder of Parquet files, else a
     regular file; `DataError` otherwise, saying what it is (`tamrun.data.file_kind.regular_file`)."""
     path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
-    return path if path.is_dir() and is_parquet(path) else regular_file(path)
+    return path if os.path.isdir(path) and is_parquet(path) else regular_file(path)
 
 
 # What reading a CSV (optionally .gz) raises for a file that is not one: EOFError and zlib.error are a

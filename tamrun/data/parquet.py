@@ -38,7 +38,7 @@ ONE_DAY = pd.Timedelta(days=1)
 
 def is_parquet(path: Path) -> bool:
     """Whether ``path`` is a Parquet file (its first bytes are ``PAR1``) or a folder holding Parquet files."""
-    if path.is_dir():
+    if os.path.isdir(path):  # (False, not an error, for a name too long)
         return any(name.endswith(PARQUET_SUFFIXES) for _, _, names in os.walk(path) for name in names)
     try:
         with open(path, "rb") as file:
