@@ -172,9 +172,27 @@ def split_scores(split: str, actual: np.ndarray, predicted: np.ndarray) -> Dict[
 
 
 def group_metrics(table: pd.DataFrame) -> pd.DataFrame:
-    """RMSE and MAPE per (split, group)."""
-    rows = [{"split": split, "group": group, "n": len(part),
-             "rmse": rmse(part["actual"].to_numpy(), part["predicted"].to_numpy()),
-             "mape": mape(part["actual"].to_numpy(), part["predicted"].to_numpy())}
-            for (split, group), part in table.groupby(["split", "group"], sort=True)]
-    return pd.DataFrame(rows)
+    """RMSE and MAPE per (split, group), sorted by both, as `rmse` and `mape` compute them per part
+    (the same scaled RMSE, NaN propagated, MAPE over the non-zero targets), in a few array reductions
+    over the rows sorted by part: no Python step per group (a million groups take seconds)."""
+    keys = table.groupby(["split", "group"], sort=True)
+    part = keys.ngroup().to_numpy()
+    order = np.argsort(part, kind="stable")
+    part = part[order]
+    starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]]) if part.size else np.zeros(0, dtype=np.int64)
+    actual = table["actual"].to_numpy(dtype=np.float64)[order]
+    error = actual - table["predicted"].to_numpy(dtype=np.float64)[order]
+    n = np.diff(np.r_[starts, part.size])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.maximum.reduceat(np.abs(error), starts) if part.size else np.zeros(0)
+        usable = (scale > 0) & np.isfinite(scale)
+        ratio = error / np.where(usable, scale, 1.0)[part]
+        root = np.sqrt(np.add.reduceat(ratio * ratio, starts) / n) if part.size else np.zeros(0)
+        nonzero = actual != 0
+        relative = np.where(nonzero, np.abs(error) / np.where(nonzero, np.abs(actual), 1.0), 0.0)
+        counted = np.add.reduceat(nonzero.astype(np.int64), starts) if part.size else np.zeros(0)
+        summed = np.add.reduceat(relative, starts) if part.size else np.zeros(0)
+        mapes = np.where(counted > 0, 100.0 * summed / np.maximum(counted, 1), np.nan)
+    index = keys.size().index
+    return pd.DataFrame({"split": index.get_level_values("split"), "group": index.get_level_values("group"),
+                         "n": n, "rmse": np.where(usable, scale * root, scale), "mape": mapes})

@@ -26,7 +26,8 @@ from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_
                                  check_duplicate_dates, check_table, check_target_leakage, check_target_outliers,
                                  drop_missing_groups, enforce)
 from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
-from tamrun.data.load import frame_bytes, load_table
+from tamrun.data.load import frame_bytes, read_table
+from tamrun.data.parquet import DateWindow
 from tamrun.data.split import carve_validation, split_by_date
 from tamrun.device import DeviceManager
 from tamrun.effects.crossing import ForestCrossingEffect
@@ -71,9 +72,10 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     numeric = {"data.target": data.target}
     numeric.update(effect_columns(specs))
     numeric.update(skip_update_columns(config))
-    frame = load_table(data, *file_columns(data, numeric), room=room)
+    loaded = read_table(data, *file_columns(data, numeric), room=room, window=DateWindow.of(config.split))
+    frame = loaded.frame
     room("deriving and checking the data", "check", frame_bytes(frame))
-    frame = add_derived_columns(frame, data.derived, data.date_column)
+    frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin)
     check_table(frame, numeric, {"data.group": data.group} if data.group else {})
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
@@ -81,7 +83,8 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
-                        frame[data.date_column].min() if len(frame) else None)
+                        loaded.origin if loaded.origin is not None else frame[data.date_column].min() if len(frame)
+                        else None)
     room("splitting the data", "split", frame_bytes(frame))
     train, test = split_by_date(frame, config.split, data.date_column)
     check_constant_columns(train, effect_columns(specs), data.constant_features)

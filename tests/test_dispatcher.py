@@ -175,15 +175,17 @@ def test_dual_form_matches_the_primal_and_the_dense_reference():
     reference = reference_coefficients(batch, design)
     coefs = {}
     # leaf counts by the dense product (bfloat16, float32), scattered, or both (leaves of more than 4
-    # rows dense); K's lower triangle in one tile or in tiles of 7 rows
-    variants = [(True, 4096, "bfloat16", 512, 96), (True, 4096, "float32", 7, 96), (True, 0, "bfloat16", 7, 96),
-                (True, 0, "float32", 7, 4), (False, 4096, "bfloat16", 512, 96)]
-    for dual, counts_max, counts, tile, scatter_rows in variants:
-        plan = plan_of("direct", ChunkPlan(1, 17, 0), ChunkPlan(3, 17, 0), cache=False, dual=dual)
+    # rows dense); K's lower triangle in one tile or in tiles of 7 rows; one group per chunk or all
+    # three (ragged) groups in one batch
+    variants = [(True, 4096, "bfloat16", 512, 96, 1), (True, 4096, "float32", 7, 96, 3),
+                (True, 0, "bfloat16", 7, 96, 3), (True, 0, "float32", 7, 4, 1), (True, 0, "float32", 7, 4, 3),
+                (False, 4096, "bfloat16", 512, 96, 3)]
+    for dual, counts_max, counts, tile, scatter_rows, groups in variants:
+        plan = plan_of("direct", ChunkPlan(groups, 17, 0), ChunkPlan(3, 17, 0), cache=False, dual=dual)
         solver = SolverConfig(dual_dense_counts_max=counts_max, dual_counts_dtype=CountDType(counts),
                               dual_tile_rows=tile, dual_scatter_max_leaf_rows=scatter_rows)
         coef, _ = dispatcher_of(design, plan, solver).fit(batch)
-        coefs[dual, counts_max, counts, tile, scatter_rows] = coef.numpy()
+        coefs[dual, counts_max, counts, tile, scatter_rows, groups] = coef.numpy()
     primal = coefs[variants[-1]]
     for variant in variants[:-1]:
         assert max_rel(coefs[variant], reference) <= 1e-8, variant

@@ -102,7 +102,7 @@ def test_dual_form_when_a_group_has_fewer_rows_than_columns():
     assert oracle.route(wide, free=10**9, dual=True)[0] == "direct"
     assert oracle.route(wide, free=10**9, dual=False)[0] == "cg"
     plan = oracle.plan(wide, free=10**9, dual=True)
-    assert plan.dual and plan.route == "direct" and plan.fit.groups == 1  # one N x N system at a time
+    assert plan.dual and plan.route == "direct" and plan.fit.groups == 4  # every group's N x N system in one batch
     # K with the bfloat16 leaf indicator (N (R + 1) 2) and one tile of all 80 rows (tile and term,
     # 2 b N 8, the counts' tile b N 2), then K and its factor; all N rows and their whitened copies
     n2 = 80 * 80

@@ -121,11 +121,13 @@ def check_constant_in_groups(train: pd.DataFrame, columns: Mapping[str, str], gr
     for field, column in columns.items():
         if column == group:
             continue
-        distinct = train.groupby(group)[column].nunique(dropna=True)
-        constant = distinct.index[distinct <= 1].tolist()
-        if constant and len(constant) < len(distinct):
+        values = train.groupby(group)[column]
+        low, high = values.min(), values.max()  # a group whose least value is its largest (or has none) is constant
+        varies = (low < high).to_numpy()  # (min and max: a million groups in a second, nunique in seconds more)
+        constant = low.index[~varies].tolist()
+        if constant and len(constant) < len(varies):
             enforce(policy, "data.constant_in_group", DataError(
-                field, column, f"the column is constant within {len(constant)} of {len(distinct)} group(s) of the "
+                field, column, f"the column is constant within {len(constant)} of {len(varies)} group(s) of the "
                 f"training split (e.g. {[plain(g) for g in constant[:5]]}): their effect learns nothing",
                 "remove this effect, group differently"))
 

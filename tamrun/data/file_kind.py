@@ -5,8 +5,8 @@
 socket, or a file of the kernel's pseudo file systems (``/proc``, ``/sys``: ``/proc/self/environ`` holds the
 process's environment, secrets included). `sniff` reads the first `SNIFF_BYTES` and names the format from
 its content, not its name: gzip, bz2, xz, zstd and zip are read as such (pandas would infer the
-compression from the name only), a Parquet file, an Excel workbook or any other binary file is refused
-as what it is. `header_problem` names a header that was split with the wrong delimiter (one column whose
+compression from the name only), an Excel workbook or any other binary file is refused as what it is
+(a Parquet file is read as such before: `tamrun.data.parquet`). `header_problem` names a header that was split with the wrong delimiter (one column whose
 name holds ``;``, a tab or ``|``), and `decode_problem` a file that is not in ``data.encoding``.
 
 An error never quotes more of a file than `excerpt`: a few names, each cut short, redacted
@@ -33,9 +33,7 @@ FIX_FILE = "point data.path at a CSV file (optionally compressed: .gz, .bz2, .xz
 COMPRESSIONS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd",
                 b"PK\x03\x04": "zip"}
 # Formats refused, by their leading bytes: (what it is, the fix).
-REFUSED = {b"PAR1": ("a Parquet file, not a CSV", "convert it to CSV (pandas.read_parquet(path).to_csv('data.csv', "
-                     "index=False)) and point data.path at that"),
-           b"\xd0\xcf\x11\xe0": ("an Excel 97-2003 workbook (.xls), not a CSV", "save the sheet as CSV (UTF-8)"),
+REFUSED = {b"\xd0\xcf\x11\xe0": ("an Excel 97-2003 workbook (.xls), not a CSV", "save the sheet as CSV (UTF-8)"),
            b"ARROW1": ("an Arrow IPC file, not a CSV", "convert it to CSV"),
            b"SQLite format 3\x00": ("an SQLite database, not a CSV", "export the table to CSV")}
 
@@ -66,7 +64,8 @@ def regular_file(path: Path, field: str = "data.path") -> Path:
         raise DataError(field, str(path), f"the path cannot be used ({os_reason(exc)})",
                         "point data.path at an existing CSV file") from None
     if stat.S_ISDIR(mode):
-        raise DataError(field, str(path), "a folder, not a file", "point data.path at a CSV file inside it")
+        raise DataError(field, str(path), "a folder, not a file (and it holds no Parquet files)",
+                        "point data.path at a CSV file inside it, or at a folder of Parquet files")
     kind = what_it_is(mode)
     if kind is not None:
         raise DataError(field, str(path), f"{kind}, not a regular file (it is not read)", FIX_FILE)

@@ -1,9 +1,12 @@
-"""Load the table the config names: the embedded national dataset or a user CSV."""
+"""Load the table the config names: the embedded national dataset, a user CSV, or Parquet (a file or a
+folder of files, `tamrun.data.parquet`: only the columns used, only the rows of the split's dates)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import zlib
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
@@ -14,6 +17,7 @@ from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.dates import FileDates
 from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, decode_problem, excerpt, header_problem, regular_file,
                                     sniff)
+from tamrun.data.parquet import DateWindow, ParquetRead, is_parquet, parquet_dataset, parquet_header, read_parquet
 from tamrun.errors import DataError, os_reason
 
 log = logging.getLogger(__name__)
@@ -27,10 +31,10 @@ def embedded_path() -> Path:
 
 
 def table_path(cfg: DataConfig) -> Path:
-    """The CSV the config names (data.path, or the embedded dataset); `DataError` if it is not a regular
-    file, saying what it is (`tamrun.data.file_kind.regular_file`)."""
+    """The data the config names (data.path, or the embedded dataset): a folder of Parquet files, else a
+    regular file; `DataError` otherwise, saying what it is (`tamrun.data.file_kind.regular_file`)."""
     path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
-    return regular_file(path)
+    return path if os.path.isdir(path) and is_parquet(path) else regular_file(path)
 
 
 # What reading a CSV (optionally .gz) raises for a file that is not one: EOFError and zlib.error are a
@@ -74,35 +78,61 @@ def read_header(path: Path, cfg: DataConfig) -> List[str]:
     return header
 
 
+@dataclass
+class LoadedTable:
+    """The table a run reads, sorted by (date, group); ``origin``: the first date of the whole data (a
+    derived ``time_index`` counts from it; None: the table's own first date); ``parquet``: what a
+    Parquet read read (`ParquetRead`), None for a CSV."""
+
+    frame: pd.DataFrame
+    origin: Optional[pd.Timestamp] = None
+    parquet: Optional[ParquetRead] = None
+
+
 def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
                optional: Iterable[str] = (), room: Callable[..., None] = lambda *step: None) -> pd.DataFrame:
+    """The table (`read_table` without a date window): every row."""
+    return read_table(cfg, required, optional, room).frame
+
+
+def read_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None, optional: Iterable[str] = (),
+               room: Callable[..., None] = lambda *step: None, window: Optional[DateWindow] = None) -> LoadedTable:
     """Read the table, parse the date column and sort rows by (date, group).
 
     ``required`` (config field -> column): the columns the run reads from the file, checked against
     its header before anything else is read; with it, only those, the date and ``optional`` (read
     when present) are loaded: the columns no effect uses never take memory. Without it, every column.
-    ``room(what, step, nbytes)`` is called before each block is read and before the blocks are joined
-    (a check of the memory left, `tamrun.memory.guard.RoomCheck`; it may raise).
+    ``room(what, step, nbytes)`` is called before each block of a CSV is read and before the blocks are
+    joined (a check of the memory left, `tamrun.memory.guard.RoomCheck`; it may raise). ``window``: the
+    split's days; Parquet data reads only their rows (a CSV is read whole, the split drops the rest).
 
     Raises:
         DataError: the file is missing, unreadable or empty, or a required column is absent, or the date
         column is absent/unparseable.
     """
     path = table_path(cfg)
-    header = read_header(path, cfg)
+    parquet = is_parquet(path)
+    header = parquet_header(parquet_dataset(path)) if parquet else read_header(path, cfg)
     needed = {"data.date_column": cfg.date_column, **(required or {})}
-    split_wrong = header_problem(path, header, cfg.delimiter)
+    split_wrong = None if parquet else header_problem(path, header, cfg.delimiter)
     if split_wrong is not None and any(column not in header for column in needed.values()):
         raise split_wrong
     require_columns(pd.DataFrame(columns=header), needed)
     wanted = None if required is None else {cfg.date_column, *required.values(), *optional}
-    frame = read_rows(path, None if wanted is None else [c for c in header if c in wanted], cfg, room)
+    usecols = None if wanted is None else [c for c in header if c in wanted]
+    read = None
+    if parquet:
+        frame, read = read_parquet(path, usecols, cfg, window)
+    else:
+        frame = read_rows(path, usecols, cfg, room)
     if frame.empty:
-        raise DataError("data.path", str(path), "the file has no rows", "give a CSV with at least one data row")
+        raise DataError("data.path", str(path), "the file has no rows" if read is None else "no rows in the "
+                        "split's dates", "give a table with at least one data row" if read is None else
+                        "move split.train_*/test_* inside the data's dates")
     sort_by = [cfg.date_column] + ([cfg.group] if cfg.group and cfg.group in frame.columns else [])
     frame = frame.sort_values(sort_by, kind="stable").reset_index(drop=True)
     log.info("loaded %d rows x %d columns from %s", len(frame), frame.shape[1], path)
-    return frame
+    return LoadedTable(frame, read.first_date if read is not None else None, read)
 
 
 def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[..., None]) -> pd.DataFrame:

@@ -6,6 +6,7 @@ effects (forests and their crossings) in config order; `blocks` names each effec
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -83,6 +84,13 @@ class AdditiveDesign:
         """A copy with every tensor of the design (per-group ranges, each effect's state) on ``device``
         (`tamrun.placement.to_device`); this design is left as it is."""
         return to_device(self, device)
+
+    def of_groups(self, index: torch.Tensor) -> "AdditiveDesign":
+        """A shallow copy whose groups are those of ``index`` (k,) in that order: the per-group ranges taken
+        at ``index``, the effects' state shared (it is the same for every group)."""
+        chosen = copy.copy(self)
+        chosen.scaler = RangeScaler(self.scaler.center[index], self.scaler.half[index])
+        return chosen
 
     def block_slices(self) -> List[Tuple[str, slice]]:
         return [(b.name, slice(b.start, b.stop)) for b in self.blocks]

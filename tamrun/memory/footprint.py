@@ -275,7 +275,7 @@ def gcv_score_bytes(p: ProblemSize) -> int:
 def kernel_build_bytes(n_rows: int, itemsize: int, tile_rows: int,
                        forests: Sequence[Tuple[int, int, int, bool]] = (), scatter_max_rows: int = 0,
                        pairs_per_step: int = 0) -> int:
-    """Temporaries of the dual's K built tile by tile (`tamrun.solve.dual.group_kernel`), per forest
+    """Temporaries of the dual's K built tile by tile (`tamrun.solve.dual.chunk_kernel`), per forest
     block (slots T, grid rows R, count itemsize c, wide: R > solver.dual_dense_counts_max), kept while
     K is built: the leaf indicator of the leaves in the dense product (N (R_d + 1) c, R_d = R, or for a
     wide forest at most N T / (scatter_max_rows + 1) leaves of more rows) and, for a wide forest, the

@@ -261,7 +261,7 @@ class MemoryOracle:
                   bound: Limit) -> Tuple[ChunkPlan, bool, StepCost, StepCost]:
         """(the fit's chunk, cache_design, fit cost, predict cost) on ``route``: CG keeps W Phi whole when
         it fits with chunks of at least `cg_least_rows` rows, else rebuilds it at every product (with
-        chunks that size at least); the dual form solves one group at a time."""
+        chunks that size at least); the dual form batches as many groups as their N x N kernels fit."""
         is_cg = route == "cg"
         least = self.cg_least_rows(size) if is_cg else 1
         try:
@@ -273,10 +273,10 @@ class MemoryOracle:
 
     def _fit_chunk(self, size: ProblemSize, route: str, cache: bool, dual: bool, budget: int, minimal: int,
                    bound: Limit, least: int) -> Tuple[ChunkPlan, bool, StepCost, StepCost]:
-        """`fit_chunk` with the design kept (``cache``) or not; ``dual``: the direct route's dual form (one
-        group at a time)."""
+        """`fit_chunk` with the design kept (``cache``) or not; ``dual``: the direct route's dual form (its
+        per-group cost is one group's kernel system, `dual_system_bytes`)."""
         fit_cost, predict_cost = self.costs(size, route, cache, dual)
-        fit = pick_chunk(1 if dual else size.n_groups, size.n_rows,
+        fit = pick_chunk(size.n_groups, size.n_rows,
                          fit_cost.fixed, fit_cost.per_row, budget, self.cfg.overhead_factor, self.cfg.min_chunk_rows,
                          self.cfg.max_chunk_rows, "fit", minimal, bound, least)
         return fit, cache, fit_cost, predict_cost

@@ -20,7 +20,11 @@ flops of the products and keeps every temporary at tile size. The counts are int
 in bfloat16 for T <= 256 (8 significand bits; the products accumulate in float32), so the leaf
 indicator's product runs in bfloat16 where that is exact, else in float32 (exact below 2^24).
 
-Groups are solved one at a time (a group's K is N^2 numbers): the plan's fit chunk holds one group.
+The groups of a chunk are solved as one batch: K (g, N, N), its tiles (g, rows, upto) built by batched
+products and one batched Cholesky, so that many groups of a few rows cost a few tensor operations,
+not a Python step each; the plan's fit chunk holds as many groups as their kernels fit
+(`tamrun.memory.oracle`, per group `dual_system_bytes`). The leaf counts of indexed blocks are built
+group by group (their leaves differ) and stacked into the same tiles.
 """
 
 from __future__ import annotations
@@ -164,25 +168,26 @@ class LeafCounts:
         return product if self.counts is None else self.counts[start:stop, :upto] + product
 
 
-def group_kernel(features: KernelFeatures, group: int, solver: SolverConfig) -> torch.Tensor:
-    """K = Phi_w P~^-1 Phi_w' (N, N) of one group of the chunk: its lower triangle (diagonal
+def chunk_kernel(features: KernelFeatures, solver: SolverConfig) -> torch.Tensor:
+    """K = Phi_w P~^-1 Phi_w' (g, N, N) of every group of the chunk: its lower triangle (diagonal
     included); the entries above the diagonal are left unset. Settings: solver.dual_dense_counts_max,
     dual_scatter_max_leaf_rows, dual_scatter_pairs_per_step, dual_counts_dtype (`LeafCounts`, `count_dtype`),
     dual_tile_rows."""
-    dense = features.dense[group]
-    n_rows, tile_rows = dense.shape[0], solver.dual_tile_rows
+    dense = features.dense
+    groups, n_rows, tile_rows = dense.shape[0], dense.shape[1], solver.dual_tile_rows
     requested = requested_count_dtype(solver.dual_counts_dtype, dense.device)
-    blocks = [(LeafCounts(leaves[group], grid_rows, solver.dual_dense_counts_max,
-                          count_dtype(leaves.shape[-1], requested), solver.dual_scatter_max_leaf_rows,
-                          solver.dual_scatter_pairs_per_step), values[group])
+    blocks = [([LeafCounts(leaves[group], grid_rows, solver.dual_dense_counts_max,
+                           count_dtype(leaves.shape[-1], requested), solver.dual_scatter_max_leaf_rows,
+                           solver.dual_scatter_pairs_per_step) for group in range(groups)], values)
               for leaves, values, grid_rows in features.indexed]
-    kernel = torch.empty(n_rows, n_rows, dtype=dense.dtype, device=dense.device)
+    kernel = torch.empty(groups, n_rows, n_rows, dtype=dense.dtype, device=dense.device)
     for start in range(0, n_rows, tile_rows):
         stop = min(start + tile_rows, n_rows)
-        tile = dense[start:stop] @ dense[:stop].mT
+        tile = dense[:, start:stop] @ dense[:, :stop].mT
         for shared, values in blocks:  # tile += (G_r G_c') o C_rc: trees in which rows i and j share a leaf
-            tile.addcmul_(values[start:stop] @ values[:stop].mT, shared.tile(start, stop, stop))
-        kernel[start:stop, :stop] = tile
+            counts = torch.stack([group.tile(start, stop, stop) for group in shared])
+            tile.addcmul_(values[:, start:stop] @ values[:, :stop].mT, counts)
+        kernel[:, start:stop, :stop] = tile
     return kernel
 
 
@@ -190,23 +195,17 @@ def dual_coefficients(chunks: List[DesignChunk], penalty: BlockPenalty, weighted
                       n: torch.Tensor, solver: SolverConfig) -> Tuple[torch.Tensor, SolveStats]:
     """beta (g, D) of the groups of ``chunks`` (row chunks in order, weights applied), weighted_y
     (g, N), n (g,) the real row counts; solver: the jitter and its retries, and the kernel's
-    settings (`group_kernel`)."""
+    settings (`chunk_kernel`). One batched kernel and Cholesky for all g groups."""
     jitter = solver.jitter
     began = time.perf_counter()
     features = kernel_features(chunks, penalty, jitter)
-    alpha = torch.empty_like(weighted_y)
-    stats = SolveStats(setup_seconds=time.perf_counter() - began)
-    for group in range(weighted_y.shape[0]):
-        began = time.perf_counter()
-        kernel = group_kernel(features, group, solver)
-        kernel.diagonal().add_(n[group])
-        built = time.perf_counter()
-        solved, group_stats = cholesky_solve(kernel.unsqueeze(0), weighted_y[group:group + 1], 0.0,
-                                             solver.jitter_growth, solver.jitter_max_tries, lower_only=True)
-        del kernel
-        alpha[group] = solved[0]
-        group_stats.setup_seconds, group_stats.solve_seconds = built - began, time.perf_counter() - built
-        stats.merge(group_stats)
+    kernel = chunk_kernel(features, solver)
+    kernel.diagonal(dim1=-2, dim2=-1).add_(n.to(kernel.dtype).unsqueeze(-1))
+    built = time.perf_counter()
+    alpha, stats = cholesky_solve(kernel, weighted_y, 0.0, solver.jitter_growth, solver.jitter_max_tries,
+                                  lower_only=True)
+    del kernel
+    stats.setup_seconds, stats.solve_seconds = built - began, time.perf_counter() - built
     start, rhs = 0, None
     for chunk in chunks:
         rows = chunk.dense.shape[1]

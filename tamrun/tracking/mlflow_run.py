@@ -37,6 +37,7 @@ from tamrun.tracking.secrets import env_uri
 from tamrun.tracking.server_access import access_error
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_in_store, process_tags
+from tamrun.tracking.tables import write_frame
 from tamrun.tracking.store import (active_experiment, artifact_place, check_artifact_location, check_store,
                                   experiment_id, local_folder, open_client, retry_on_conflict, sqlite_path, store_error,
                                   store_place)
@@ -450,16 +451,13 @@ class TrackedRun:
 
     def log_frame(self, frame: Any, artifact_file: str) -> None:
         """A pandas DataFrame as an artifact: Parquet (zstd) when ``artifact_file`` ends in .parquet,
-        else CSV."""
+        else CSV (`tamrun.tracking.tables.write_frame`)."""
         if not self.enabled:
             return
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(artifact_file).name
             with writing(path):
-                if path.suffix == ".parquet":
-                    frame.to_parquet(path, index=False, compression="zstd")
-                else:
-                    frame.to_csv(path, index=False)
+                write_frame(frame, path)
             parent = str(Path(artifact_file).parent)
             with writing(self.artifact(artifact_file)):
                 self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)
