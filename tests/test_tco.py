@@ -44,10 +44,16 @@ def test_a_class_too_small_does_not_fit_and_says_the_memory_it_lacks(compose_cfg
     assert "does not fit (lacks" in tco.describe()
     # the memory it lacks is exactly what it lacks: with it the class fits (chunked), a MiB less does not
     enough = plan_of(compose_cfg, csv_path, gpu_class("enough", context + small.lacking_bytes),
-                     gpu_class("short", context + small.lacking_bytes - MIB), gpu_class("big", 64 * GIB))
+                     gpu_class("short", context + small.lacking_bytes - MIB), gpu_class("big", 64 * GIB),
+                     "tco.measured_on=big", "tco.work_seconds=10")
     assert enough.by_name("enough").fit == FITS_CHUNKED and enough.by_name("short").fit == DOES_NOT_FIT
     assert enough.by_name("big").fit == FITS_UNCHUNKED
-    assert enough.by_name("enough").steps > enough.by_name("big").steps == 1
+    chunked = enough.by_name("enough")
+    assert chunked.steps > enough.by_name("big").steps == 1
+    # mode=plan prices tco.work_seconds, measured on `big`: the chunked class pays the measured overhead
+    assert enough.by_name("big").seconds == pytest.approx(10.0, rel=1e-12)
+    assert chunked.seconds == pytest.approx(10.0 * chunk_overhead(chunked.route, chunked.steps), rel=1e-12)
+    assert (enough.cheapest, enough.next_cheapest) == ("big", "enough") and enough.by_name("short").seconds is None
 
 
 def fitted(name: str, route: str, steps: int, kept: bool = True, bandwidth: float = 10.0, price: float = 1.0):
