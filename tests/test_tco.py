@@ -12,6 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import csv_overrides
+from tamrun.compare.__main__ import main as compare
 from tamrun.config.load import typed_config
 from tamrun.errors import ConfigError
 from tamrun.runner import run
@@ -89,7 +90,7 @@ def test_a_chunked_class_time_carries_the_measured_chunking_overhead():
                                                           rel=1e-12)
 
 
-def test_the_cost_is_in_the_run_and_in_compare(compose_cfg, csv_path, store_uri, tmp_path):
+def test_the_cost_is_in_the_run_and_in_compare(compose_cfg, csv_path, store_uri, tmp_path, capsys):
     extra = [HOST, gpu_class("small", 512 * MIB, price=0.01)]
     result = run(compose_cfg(*csv_overrides(csv_path), *QUICK, *extra))
     client = MlflowClient(store_uri)
@@ -106,10 +107,8 @@ def test_the_cost_is_in_the_run_and_in_compare(compose_cfg, csv_path, store_uri,
         record = json.load(plan)
     assert {c["name"]: c["fit"] for c in record["classes"]}["small"] == DOES_NOT_FIT
     assert not [key for key in recorded.params if key.startswith("tco.")]  # prices are not params
-    done = subprocess.run([sys.executable, "-m", "tamrun.compare", "--store", store_uri, "--sort", "cost_usd"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    compare(["--store", store_uri, "--sort", "cost_usd"])  # in-process: tests/test_compare.py runs the command
+    lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("best"))
     columns = header.split()
     assert columns.index("cost_usd") == columns.index("mape_test") + 1  # accuracy beside cost

@@ -127,8 +127,9 @@ class TcoPlan:
                          f"{cost:>10}  {c.cell()}{mark}")
         if self.cheapest is not None:
             best = self.by_name(self.cheapest)
-            after = (f"; it beats {self.next_cheapest} by ${self.beats_next_usd:.3g} per run"
-                     if self.next_cheapest is not None else "")
+            runner_up = self.by_name(self.next_cheapest)
+            after = (f"; it beats {self.next_cheapest} by ${self.beats_next_usd:.3g} per run "
+                     f"({100 * self.beats_next_usd / runner_up.cost_usd:.0f} % cheaper)" if runner_up is not None else "")
             lines.append(f"cheapest class that fits: {self.cheapest} (${best.cost_usd:.3g} per run){after}")
         lines += self.notes
         return "\n".join(lines)
