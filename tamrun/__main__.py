@@ -62,7 +62,7 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
                      libraries_loaded=imports.settle if imports is not None else None,
                      folder=run_folder(hydra_cfg.runtime.output_dir))
         if cfg.mode.name == "plan":
-            sys.stdout.write(result.plan.describe() + "\n")
+            sys.stdout.write(result.plan.describe() + "\n" + (result.tco.describe() + "\n" if result.tco else ""))
             return None
         objective = objective_name(cfg)
         if objective not in result.metrics:

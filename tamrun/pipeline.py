@@ -36,7 +36,7 @@ from tamrun.effects.registry import build_effects
 from tamrun.errors import ConfigError, DataError, NumericalError
 from tamrun.evaluate import predictions_table
 from tamrun.fitted import FittedModel, predict_rows
-from tamrun.memory.footprint import problem_size, recording_bytes
+from tamrun.memory.footprint import ProblemSize, problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
 from tamrun.placement import HOST
@@ -150,13 +150,18 @@ def plan_memory(config: Config, features: Features, devices: DeviceManager, n_pr
     recording will add after the fit (`recording_reserve`) is kept free beside the safety margin."""
     oracle = MemoryOracle(config.memory, config.memory.limit_bytes, on_gpu=devices.kind != "cpu",
                           direct_max_dim=config.solver.direct_max_dim)
-    train = features.train
-    size = problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
-                        n_predict_rows)
+    size = run_problem_size(config, features, n_predict_rows)
     view = devices.memory(config.memory.safety_margin_bytes,
                           recording_reserve(config.tracking, n_scored_rows, len(config.intervals.levels)))
     return oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound,
                        select=config.model.penalties == PenaltyMode.gcv)
+
+
+def run_problem_size(config: Config, features: Features, n_predict_rows: int = 0) -> ProblemSize:
+    """The problem the oracle plans: the training batch's groups and rows, the design, the dtype's bytes."""
+    train = features.train
+    return problem_size(len(train.groups), train.x.shape[1], features.design, train.x.element_size(), config.solver,
+                        n_predict_rows)
 
 
 def recording_reserve(tracking: TrackingConfig, n_scored_rows: int, levels: int = 0) -> int:

@@ -31,7 +31,7 @@ def test_the_table_shows_the_objective_and_an_older_runs_peak_in_mib(tmp_path):
     header, first, second = [line for line in done.stdout.splitlines() if line.startswith(("name", "fourier"))]
     assert header.split()[:4] == ["name", "status", "rmse_validation", "rmse_test"]  # the objective first
     assert first.split()[2:4] == ["RUNNING", "0.1235"]
-    assert second.split()[2:10] == ["-", "1655", "2.041", "0.4123", "3", "cg", "cpu", "-"]
+    assert second.split()[2:11] == ["-", "1655", "2.041", "-", "0.4123", "3", "cg", "cpu", "-"]
 
 
 def test_a_missing_store_a_missing_experiment_and_no_count_exit_2(tmp_path):

@@ -61,7 +61,8 @@ def test_compare_prints_the_runs_and_the_sweep_with_the_decisive_columns(folder)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     header = next(line for line in lines if line.startswith("name"))
-    assert header.split() == ["name", "status", "rmse_test", "mape_test", "fit_seconds", "peak_memory_mib", "route",
+    assert header.split() == ["name", "status", "rmse_test", "mape_test", "cost_usd", "fit_seconds", "peak_memory_mib",
+                              "route",
                               "device", "swept"]
     table = lines[lines.index(header) + 1:lines.index("", lines.index(header))]
     names = [row.split("  ")[0].strip() for row in table]

@@ -22,8 +22,8 @@ CONFIGS = {"spline-direct": ["solver=direct"], "spline-cg": ["solver=cg", "solve
 
 
 def comparable(metrics: dict) -> dict:
-    """The metrics that depend on the numbers only (not on the clock or the process's memory)."""
-    measured = ("seconds", "bytes", "mib", "utilisation", "working_peak_ratio")
+    """The metrics that depend on the numbers only (not on the clock, its price or the process's memory)."""
+    measured = ("seconds", "bytes", "mib", "utilisation", "working_peak_ratio", "cost")  # cost: seconds x a price
     return {k: v for k, v in metrics.items() if not any(w in k for w in measured)}
 
 

@@ -19,7 +19,8 @@ def test_the_decisive_columns_come_first_and_the_others_after():
     order = view["columnOrder"]
     assert order[:2] == [RUN_NAME_COLUMN, CREATED_COLUMN]  # the name and the status (the Created column's icon)
     assert order[2:9] == [*DECISIVE, "tags.`sweep.model`"]
-    assert order[9:] == ["duration", "attributes.`Dataset`", "attributes.`Models`", "metrics.`memory/oom_retries`",
+    assert order[9:] == ["duration", "metrics.`cost_usd`", "attributes.`Dataset`", "attributes.`Models`",
+                         "metrics.`memory/oom_retries`",
                          "params.`model.name`"]
     assert set(order[2:]) - {"duration"} == set(view["selectedColumns"])
     assert set(view["columnWidths"]) == {CREATED_COLUMN, *order[2:9]}

@@ -32,6 +32,7 @@ import pandas as pd
 
 from tamrun.bench.commands import tamrun_seconds
 from tamrun.bench.machine import header_lines, machine_info
+from tamrun.tracking.metric_keys import metric_name
 
 SPLINE = "+model.effects.x={kind: spline, column: x, k: 10, ap: 0}"
 SEED = 0
@@ -71,7 +72,7 @@ def recorded(uri: str) -> Dict[str, float]:
     client = MlflowClient(tracking_uri=uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     metrics = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1)[0].data.metrics
-    return {name.rsplit("/", 1)[-1]: value for name, value in metrics.items()}
+    return {metric_name(key): value for key, value in metrics.items()}
 
 
 def measure(groups: int, rows: int, form: str, workdir: Path, overrides: List[str]) -> Dict[str, float]:

@@ -17,10 +17,17 @@ GAP = "  "
 BEST_MARK = "*"  # the best run's cell in the first column of a ranked table
 
 
+# A run's cost (tamrun/tco/: its compute seconds at its machine class's price), beside its accuracy.
+COST_METRIC = "cost_usd"
+ACCURACY = ("rmse", "mape")
+
+
 def metric_columns(runs: Sequence[Any]) -> List[str]:
-    """`OBJECTIVE_METRICS` some run logged, then `DECISIVE_METRICS`."""
+    """`OBJECTIVE_METRICS` some run logged, then `DECISIVE_METRICS` with `COST_METRIC` after their accuracy."""
     logged = {key for run in runs for key in run.data.metrics}
-    return [key for key in OBJECTIVE_METRICS if key in logged] + list(DECISIVE_METRICS)
+    accuracy = [key for key in DECISIVE_METRICS if key.startswith(ACCURACY)]
+    rest = [key for key in DECISIVE_METRICS if key not in accuracy]
+    return [key for key in OBJECTIVE_METRICS if key in logged] + accuracy + [COST_METRIC] + rest
 
 
 def swept_values(tags: Dict[str, str]) -> str:

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any, List, Mapping
 
-from tamrun.config.ranges import SETTINGS, check_numbers, check_size, cli_text
+from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_size, cli_text
 from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode,
                                   schema_default)
 from tamrun.data.expr import parse_expression
@@ -49,6 +49,7 @@ def check_config(cfg: Config) -> None:
     _check_intervals(cfg)
     _check_tracking(cfg)
     _check_objective(cfg)
+    _check_tco(cfg)
 
 
 def _check_memory(cfg: Config) -> None:
@@ -218,6 +219,20 @@ def cli_list(values: List[Any]) -> str:
 def _check_tracking(cfg: Config) -> None:
     _require(bool(cfg.tracking.experiment.strip()), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", _set_default("tracking.experiment"))
+
+
+def _check_tco(cfg: Config) -> None:
+    """Every machine class's numbers in their ranges (a price of zero or less among them, named with its
+    class), and tco.measured_on one of the classes."""
+    classes = cfg.tco.classes
+    for name, machine in classes.items():
+        field = f"tco.classes.{name}"
+        check_numbers(machine, field, MACHINE_CLASS, lambda key: f"<{MACHINE_CLASS[key].what}>")
+        _require(machine.kind.value == "gpu" or machine.cores is not None, f"{field}.cores", None,
+                 "a CPU class needs its number of cores", f"set {field}.cores=<cores>")
+    measured = cfg.tco.measured_on
+    _require(measured is None or measured in classes, "tco.measured_on", measured, "no machine class of that name",
+             f"name one of {', '.join(classes) or '(none: add tco.classes)'}, or set tco.measured_on=null")
 
 
 def scored_splits(cfg: Config) -> List[str]:

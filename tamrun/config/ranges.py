@@ -120,7 +120,17 @@ SETTINGS: Dict[str, Range] = {
     "adaptive.horizon": Range(1, 100_000, what="the horizon in days"),
     "adaptive.refresh": COUNT,
     "adaptive.max_batch_windows": POSITIVE_COUNT,
+    "tco.work_seconds": Range(0, low_open=True, what="the measured work in seconds",
+                              fix="set tco.work_seconds to a run's compute_seconds, or null"),
     "seed": SEED,
+}
+
+# The fields of one machine class (`tamrun.config.schema.MachineClass`, ``tco.classes.<name>``).
+MACHINE_CLASS: Dict[str, Range] = {
+    "memory_gib": Range(0, low_open=True, what="the memory in GiB"),
+    "bandwidth_gbs": Range(0, low_open=True, what="the effective bandwidth in GB/s"),
+    "cores": Range(1, 1_000_000, what="the number of cores"),
+    "price_per_hour": Range(0, low_open=True, what="the price per hour (USD)"),
 }
 
 EFFECTS: Dict[str, Dict[str, Range]] = {

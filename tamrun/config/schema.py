@@ -536,6 +536,40 @@ class AggregateConfig:
     select_experts: bool = False
 
 
+class MachineKind(str, Enum):
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+@dataclass
+class MachineClass:
+    """A machine a run can be given (``tco.classes.<name>``): its kind, memory (GiB), effective memory
+    bandwidth (GB/s, what the fit's memory-bound work runs at), cores (CPU) and price per hour (USD, set by
+    the user: > 0). `tamrun.tco.plan` plans the run in its memory and prices its predicted time."""
+
+    kind: MachineKind = MachineKind.cpu
+    memory_gib: float = MISSING
+    bandwidth_gbs: float = MISSING
+    cores: Optional[int] = None
+    price_per_hour: float = MISSING
+
+
+@dataclass
+class TcoConfig:
+    """Right-sizing and cost (docs/memory.md, "What a run needs and what it costs"): the machine classes a
+    run is planned on (conf/tco/default.yaml lists rentable ones, with illustrative dated prices)."""
+
+    # name -> MachineClass (typed when loaded, see `mapping_of`); empty: no plan per class, no cost.
+    classes: Dict[str, Any] = mapping_of(MachineClass, "a machine class")
+    # The class the runs are measured on (their cost_usd is priced at it, and the other classes' times are
+    # scaled from it); None: the CPU class whose cores are nearest the threads this run has (on a GPU: the
+    # GPU class whose memory is nearest the device's).
+    measured_on: Optional[str] = None
+    # mode=plan fits nothing: the measured work its time predictions scale, the compute_seconds (features,
+    # solve and predict phases) of a run of this config on the measured_on class; None: times not predicted.
+    work_seconds: Optional[float] = None
+
+
 @dataclass
 class IntervalConfig:
     """Prediction intervals (tamrun/intervals.py, docs/serving.md): for each level p, the forecast plus the
@@ -577,6 +611,7 @@ class Config:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     intervals: IntervalConfig = field(default_factory=IntervalConfig)
+    tco: TcoConfig = field(default_factory=TcoConfig)
     dtype: DType = DType.float64
     # Seeds torch and the forests' random trees (a forest effect's own `seed` wins).
     seed: int = 0

@@ -26,6 +26,7 @@ from tamrun.memory.profiler import PhaseRecorder
 from tamrun.numbers import significant
 from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve, support_fix
 from tamrun.progress import ChunkProgress, IterationProgress
+from tamrun.tco.run import record_tco, run_plan, tco_metrics
 from tamrun.tracking.mlflow_run import TrackedRun
 
 log = logging.getLogger(__name__)
@@ -61,17 +62,20 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         fit.model.intervals = calibration_bands(config, splits)
         metrics.update(band_metrics(config, splits, fit.model.intervals))
     metrics.update(run_metrics(prepared, fit))
+    tco = run_plan(prepared.classes, prepared.measured_on, metrics, fit.plan, len(fit.model.groups))
+    metrics.update(tco_metrics(tco, metrics))
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
                                                                     ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))
     log.info("%s", memory_line(metrics))
     table = functools.cache(lambda: evaluation_table(config.data, splits, fit.model.intervals))
     with recorder.phase("record"):
         record_fit(tracked, prepared, fit, table, metrics)
+        record_tco(tracked, tco)
     after = {"peak_after_planning_bytes": recorder.peak_after_planning(), **recorder.phase_metrics("record")}
     tracked.log_metrics(after)
     metrics.update(after)
     return RunResult(run_id=None, route=fit.plan.route, width=fit.model.design.width, groups=fit.model.groups,
-                     coef=fit.model.coef, metrics=metrics, table=table, plan=fit.plan, stats=fit.stats)
+                     coef=fit.model.coef, metrics=metrics, table=table, plan=fit.plan, stats=fit.stats, tco=tco)
 
 
 def solve_phase(prepared: Prepared) -> Fit:

@@ -5,13 +5,14 @@ memory accounting (phase recorder, tracker, OOM log).
         data      load, derive, check, split (train / validation / test)          -> Splits
         features  training batch + fitted design; the test rows as a batch         -> Features, test batch
         plan      the oracle's route and chunks under memory.limit and the real limits -> Plan
+                  and in each machine class's memory (tco.classes)                  -> [ClassFit]
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
 
 from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
@@ -25,6 +26,8 @@ from tamrun.memory.oracle import Plan
 from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.pipeline import Features, Splits, build_features, load_splits, plan_memory
+from tamrun.tco.plan import ClassFit
+from tamrun.tco.run import classes_of, measured_class
 
 
 @dataclass
@@ -35,7 +38,8 @@ class Prepared:
     or the real one that binds (unlimited when only the available RAM binds), which every chunk is
     charged to; ``oom_log``: the run's OOM events;
     ``recorder``: the phases and the memory timeline; ``metered``: the solve / predict / window phases
-    count their tensor bytes (memory.meter, off when the meter could not warm up)."""
+    count their tensor bytes (memory.meter, off when the meter could not warm up); ``classes``: the plan in
+    each machine class's memory (`tamrun.tco.plan`), ``measured_on``: the class this run is measured on."""
 
     config: Config
     specs: Dict[str, Any]
@@ -49,6 +53,8 @@ class Prepared:
     tracker: MemoryTracker
     oom_log: OomLog
     metered: bool = False
+    classes: List[ClassFit] = field(default_factory=list)
+    measured_on: Optional[str] = None
 
     def chunk_loop(self, progress: ProgressCallback = no_progress,
                    tracker: Optional[MemoryTracker] = None) -> ChunkLoop:
@@ -101,5 +107,6 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitti
     plan = plan_memory(config, features, devices, n_predict_rows=test.x.shape[1], n_scored_rows=splits.n_scored)
     # every chunk is charged to the plan's budget when a hard limit binds it (memory.limit, cgroup, rlimits)
     tracker = MemoryTracker(plan.budget if limit is not None or plan.hard_bound else None, plan.overhead)
+    classes = classes_of(config, features, devices, test.x.shape[1], splits.n_scored)
     return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog(),
-                    metered)
+                    metered, classes, measured_class(config, devices))

@@ -10,13 +10,14 @@ import torch
 
 from tamrun.memory.oracle import Plan
 from tamrun.solve.stats import FitStats
+from tamrun.tco.plan import TcoPlan
 
 
 @dataclass
 class RunResult:
     """What one run produced. ``coef`` is (G, D) in group order ``groups`` (adaptive: (K, G, D), one
     per refit); ``run_id`` is the MLflow run's (None without tracking); ``table`` builds the
-    predictions table (a run that records none never holds one)."""
+    predictions table (a run that records none never holds one); ``tco``: the plan per machine class."""
 
     run_id: Optional[str]
     route: str
@@ -27,6 +28,7 @@ class RunResult:
     table: Callable[[], pd.DataFrame]
     plan: Plan
     stats: FitStats
+    tco: Optional[TcoPlan] = None
 
     @property
     def predictions(self) -> pd.DataFrame:

@@ -313,11 +313,12 @@ class MemoryOracle:
         return SelectPlan(held, build, score, build_cost, score_cost)
 
     def plan(self, size: ProblemSize, free: int, requested: str = "auto", dual: bool = False, held: int = 0,
-             bound: Optional[Limit] = None, select: bool = False) -> Plan:
+             bound: Optional[Limit] = None, select: bool = False, announce: bool = True) -> Plan:
         """The whole plan: route, fit chunks, predict chunks, the predicted peak and the minimal limit.
         ``free``: the device's free bytes; ``held``: the bytes already counted against the limit (see
         `capped_free`); ``dual``: the direct route may take the dual form (solver.dual); ``bound``: the
-        limit ``free`` was read under (`binding`); ``select``: plan GCV's penalty selection too (`select_plan`).
+        limit ``free`` was read under (`binding`); ``select``: plan GCV's penalty selection too (`select_plan`);
+        ``announce``: log the plan (False for the plans per machine class, `tamrun.tco.plan`).
 
         Raises:
             MemoryBudgetError: even the smallest chunk does not fit (the message gives the minimal limit).
@@ -350,7 +351,8 @@ class MemoryOracle:
                     fit_cost=fit_cost, predict_cost=predict_cost, overhead=overhead,
                     chunk_fraction=self.chunk_fraction, predict_output=output, dual=dual, bound_by=bound.name,
                     bound_detail=bound.describe())
-        log.info("memory plan: route=%s (%s); fit chunk %d groups x %d rows; predict chunk %d x %d; "
-                 "predicted peak %s of budget %s, bound by %s", route, reason, fit.groups, fit.rows, predict.groups,
-                 predict.rows, format_size(plan.predicted_peak), format_size(budget), plan.bound_detail)
+        if announce:
+            log.info("memory plan: route=%s (%s); fit chunk %d groups x %d rows; predict chunk %d x %d; "
+                     "predicted peak %s of budget %s, bound by %s", route, reason, fit.groups, fit.rows, predict.groups,
+                     predict.rows, format_size(plan.predicted_peak), format_size(budget), plan.bound_detail)
         return plan

@@ -10,7 +10,8 @@ only (`experiment_params`):
 - the active mode's own section whole (``adaptive.*`` in ``mode=adaptive``), nothing of the other
   modes' (``adaptive.*`` in ``mode=run``), and of ``adaptive.*`` the active method's settings only
   (``adaptive.kalman.*`` with ``adaptive.method=kalman``, the window settings with ``sliding``);
-- nothing about where and how the run is recorded (`NEVER`: ``tracking.*``, ``progress``); null
+- nothing about where and how the run is recorded (`NEVER`: ``tracking.*``, ``progress``), nor the
+  machine classes and their prices (``tco.*``: they price the run, the cost_usd metric says it); null
   settings are left out.
 """
 
@@ -27,7 +28,7 @@ ALWAYS = ("model.name", "data.name", "data.target", "data.group", "mode.name", "
           "split.train_start", "split.train_end", "split.validation_start", "split.validation_end", "split.test_start",
           "split.test_end")
 # Never logged as params: where and how the run is recorded, not what it computes.
-NEVER = ("tracking.", "progress", "hydra.")
+NEVER = ("tracking.", "progress", "hydra.", "tco.")
 # Config sections of one mode only (mode name -> key prefix).
 MODE_SECTIONS = {"adaptive": "adaptive."}
 # Settings of one adaptive method only (adaptive.method -> key prefixes): the other method's are left out.

@@ -40,8 +40,9 @@ DECISIVE_PARAMS = ("route",)
 DECISIVE_TAGS = ("device",)
 SWEEP_TAG_PREFIX = "sweep."
 # Columns after the decisive ones: shown, but to the right (Duration cannot be hidden in the UI).
-TRAILING_COLUMNS = ("duration", "attributes.`Dataset`", "attributes.`Models`", "metrics.`memory/oom_retries`",
-                    "params.`model.name`")
+# The run's cost (metric cost_usd, tamrun/tco/) first of them: the decisive columns use the width there is.
+TRAILING_COLUMNS = ("duration", "metrics.`cost_usd`", "attributes.`Dataset`", "attributes.`Models`",
+                    "metrics.`memory/oom_retries`", "params.`model.name`")
 # The UI's own ids of its pinned columns and of the run's duration.
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 CREATED_COLUMN = "runDateAndNestInfo"  # the Created column: the run's status icon and its age
