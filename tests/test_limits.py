@@ -154,6 +154,9 @@ def test_the_oracle_names_the_binding_limit():
     plan = oracle.plan(small_problem(), cgroup.left, bound=cgroup)
     assert plan.bound_by == "cgroup" and plan.hard_bound and "bound by the cgroup limit of 600.00 MiB" in plan.describe()
     assert plan.budget == int(MemoryConfig().chunk_fraction_cpu * cgroup.left)
+    # the limit the plan asks for follows from the peak it states, and the plan says how
+    assert plan.plan_limit == int(plan.predicted_peak / MemoryConfig().chunk_fraction_cpu) + 1
+    assert f"/ the {MemoryConfig().chunk_fraction_cpu:g} of the limit chunks may use" in plan.describe()
     # memory.limit binds when it leaves less than the cgroup
     capped = MemoryOracle(MemoryConfig(), limit=10 * MiB, on_gpu=False).plan(small_problem(), cgroup.left, bound=cgroup)
     assert capped.bound_by == "memory.limit"

@@ -106,7 +106,9 @@ class Plan:
             f"predicted working peak: {format_size(self.predicted_peak)} of a budget of {format_size(self.budget)} "
             f"(free memory seen: {format_size(self.free)}, bound by {self.bound_detail or self.bound_by})",
             f"smallest memory.limit this run fits in: {format_size(self.minimal_limit)} (smallest chunks); "
-            f"this plan's chunks need memory.limit >= {format_size(self.plan_limit)}",
+            f"this plan's chunks need memory.limit >= {format_size(self.plan_limit)} (its working peak "
+            f"{format_size(self.predicted_peak)} / the {self.chunk_fraction:g} of the limit chunks may use, "
+            "memory.chunk_fraction_*)",
         ])
 
 
