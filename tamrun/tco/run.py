@@ -53,7 +53,8 @@ def classes_of(config: Config, features: Features, devices: DeviceManager, n_pre
         return []
     problem = Problem(run_problem_size(config, features, n_predict_rows), config.memory, config.solver.name.value,
                       config.solver.dual, config.solver.direct_max_dim, config.model.penalties == PenaltyMode.gcv,
-                      int(psutil.Process().memory_info().rss), recording_reserve(config.tracking, n_scored_rows))
+                      int(psutil.Process().memory_info().rss),
+                      recording_reserve(config.tracking, n_scored_rows, len(config.intervals.levels)))
     return fits_of(config.tco, problem)
 
 
