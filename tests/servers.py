@@ -96,7 +96,7 @@ class MlflowServer:
                  "--workers", str(self.workers), *self.extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, **TRACKING_ONLY, **self.env})
         trust = ssl.create_default_context(cafile=str(self.certificate)) if self.certificate else None
-        deadline = time.monotonic() + deadline_s
+        deadline = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
             try:
@@ -148,7 +148,7 @@ def model_server(python: str, model: str, log: Path, env: Optional[dict] = None,
                                    start_new_session=True, env={**os.environ, "PATH": path, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_DEADLINE_S
+        deadline = time.monotonic() + deadline_s
         while True:
             assert process.poll() is None, log.read_text()[-3000:]
             try:
