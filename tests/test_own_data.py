@@ -30,6 +30,8 @@ MAPPING_ENTRIES = {
                       "{kind: crossing, left: {kind: fourier, column: toy}, right: {kind: linear, column: Load_d7}}"],
     "aggregate.experts": ["{model: spline}",
                           "{model: fourier, mode: adaptive, overrides: ['adaptive.method=kalman']}"],
+    "tco.classes": ["{kind: cpu, cores: 4, memory_gib: 8, bandwidth_gbs: 20, price_per_hour: 0.1}",
+                    "{kind: gpu, memory_gib: 24, bandwidth_gbs: 4.1, price_per_hour: 0.7}"],
 }
 ENTRIES = [(path, entry) for path, entries in MAPPING_ENTRIES.items() for entry in entries]
 
