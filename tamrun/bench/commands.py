@@ -16,6 +16,22 @@ from tamrun.bench.child import RESULT_PREFIX
 from tamrun.bench.machine import header_lines, machine_info
 
 
+def latest_run(uri: str):
+    """The latest run of the MLflow store ``uri`` (every experiment): what a benchmark's command just recorded."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1)[0]
+
+
+def latest_metrics(uri: str) -> Dict[str, float]:
+    """The metrics of the store's latest run (`latest_run`) by plain name (``time/fit_seconds``: ``fit_seconds``)."""
+    from tamrun.tracking.metric_keys import metric_name
+
+    return {metric_name(key): value for key, value in latest_run(uri).data.metrics.items()}
+
+
 def run_tamrun(label: str, arguments: List[str], workdir: Path, pythonpath: Optional[str] = None) -> Tuple[float, str]:
     """Seconds from the start to the exit of ``python -m tamrun <arguments>`` in ``workdir`` (``pythonpath``
     first on PYTHONPATH), and its output (stdout, then stderr); RuntimeError naming ``label`` when it fails."""

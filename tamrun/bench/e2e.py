@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from tamrun.bench.commands import report_presets, tamrun_seconds
+from tamrun.bench.commands import latest_run, report_presets, tamrun_seconds
 
 PRESETS = "fourier,spline,forest,forest_fourier"
 PARTS = ("start-up", "data", "fit", "predict", "recording")
@@ -54,11 +54,8 @@ def timed_run(side: str, pythonpath: Optional[str], workdir: Path, overrides: Li
 def last_report(uri: str, workdir: Path) -> dict:
     """The memory/report.json of the store's latest run."""
     from mlflow.artifacts import download_artifacts
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    run = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1)[0]
+    run = latest_run(uri)
     path = download_artifacts(run_id=run.info.run_id, artifact_path="memory/report.json", tracking_uri=uri,
                               dst_path=str(workdir / "reports" / run.info.run_id))
     return json.loads(Path(path).read_text())

@@ -30,9 +30,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
-from tamrun.bench.commands import tamrun_seconds
+from tamrun.bench.commands import latest_metrics, tamrun_seconds
 from tamrun.bench.machine import header_lines, machine_info
-from tamrun.tracking.metric_keys import metric_name
 
 SPLINE = "+model.effects.x={kind: spline, column: x, k: 10, ap: 0}"
 SEED = 0
@@ -65,16 +64,6 @@ def write_table(frame: pd.DataFrame, folder: Path, form: str) -> Path:
     return path
 
 
-def recorded(uri: str) -> Dict[str, float]:
-    """The metrics of the store's latest run, by their names without a prefix (``time/fit_seconds``: ``fit_seconds``)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    metrics = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1)[0].data.metrics
-    return {metric_name(key): value for key, value in metrics.items()}
-
-
 def measure(groups: int, rows: int, form: str, workdir: Path, overrides: List[str]) -> Dict[str, float]:
     """One size: write its table, run it once, return the run's figures and the wall time."""
     began = time.perf_counter()
@@ -86,7 +75,7 @@ def measure(groups: int, rows: int, form: str, workdir: Path, overrides: List[st
                                                 "split.test_start=2024-02-01", "split.test_end=null",
                                                 f"tracking.uri={uri}", "progress=off",
                                                 f"hydra.run.dir={workdir / 'run'}", *overrides], workdir)
-    return {**recorded(uri), "wall": wall, "written": written}
+    return {**latest_metrics(uri), "wall": wall, "written": written}
 
 
 def row(groups: int, rows: int, m: Dict[str, float]) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from tamrun.memory.units import parse_size
-from tamrun.tracking.metric_keys import metric_name
+from tamrun.bench.commands import latest_metrics
 
 MIB = 2**20
 DEFAULT_LIMITS = "fourier=5MiB,spline=9MiB,forest=19MiB,forest_fourier=26MiB"
@@ -46,12 +46,7 @@ def run_preset(model: str, limit: str, margin: str, workdir: Path, extra: List[s
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-3000:])
         return {"exit": float(done.returncode)}
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(store)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    run = client.search_runs(experiments, order_by=["start_time DESC"], max_results=1)[0]
-    return {"exit": 0.0, **{metric_name(key): value for key, value in run.data.metrics.items()}}
+    return {"exit": 0.0, **latest_metrics(store)}
 
 
 def row(model: str, limit: int, m: Dict[str, float]) -> str:
