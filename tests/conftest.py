@@ -132,6 +132,18 @@ def sh_blocks(page: Path) -> List[str]:
     return blocks
 
 
+# A run priced at a known class: its cost_usd is its compute_seconds x 0.36 / 3600 (`assert_priced`).
+PRICED = ("tco.measured_on=cpu_2c_8g", "tco.classes.cpu_2c_8g.price_per_hour=0.36")
+
+
+def assert_priced(metrics: Dict[str, float], *phases: str) -> None:
+    """A run under `PRICED` logged its cost: ``cost_usd`` = ``compute_seconds`` x 0.36 $/h, and the compute
+    seconds cover at least the metrics ``phases`` (the job's own phase seconds)."""
+    assert metrics["compute_seconds"] > 0
+    assert metrics["cost_usd"] == pytest.approx(metrics["compute_seconds"] * 0.36 / 3600, rel=1e-9)
+    assert metrics["compute_seconds"] >= sum(metrics[name] for name in phases) * (1 - 1e-9)
+
+
 def by_name(logged: Dict[str, float]) -> Dict[str, float]:
     """A run's logged metrics by plain name (``solver/cg_iterations`` -> ``cg_iterations``;
     `tamrun.tracking.metric_keys`)."""

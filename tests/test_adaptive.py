@@ -21,7 +21,7 @@ import tamrun.adaptive.fit
 import tamrun.solve.dispatcher
 from tamrun.solve.assembly import solve_normal_equations as real_solve
 
-from conftest import by_name, csv_overrides
+from conftest import PRICED, assert_priced, by_name, csv_overrides
 
 NATIONAL = ["mode=adaptive", "adaptive.window=730", "split.test_end=2024-01-12"]  # 12 daily refits
 
@@ -128,7 +128,7 @@ def test_faked_ooms_shrink_the_window_batches_and_mlflow_records_the_run(compose
     monkeypatch.setenv("OOM_DELAY_MS", "0")
     for module in (tamrun.solve.dispatcher, tamrun.adaptive.fit):  # the static fit's and the windows' solves
         monkeypatch.setattr(module, "solve_normal_equations", solve_normal_equations)
-    result = run(compose_cfg(*NATIONAL))
+    result = run(compose_cfg(*NATIONAL, *PRICED))
     assert [s // 48 for s in sizes[1:5]] == [12, 8, 5, 3]  # sizes[0]: the static fit's 48 groups
     assert result.metrics["oom_retries"] == 3 and result.metrics["windows_per_batch"] == 3
     assert relative(result.coef, clean.coef) <= 1e-12
@@ -138,6 +138,7 @@ def test_faked_ooms_shrink_the_window_batches_and_mlflow_records_the_run(compose
     assert logged.info.status == "FINISHED"
     metrics = by_name(logged.data.metrics)
     assert metrics["oom_retries"] == 3 and metrics["windows_per_batch"] == 3 and metrics["window_batches"] == 4
+    assert_priced(metrics, "static_fit_seconds", "adaptive_fit_seconds")
     assert metrics["window_budget_bytes"] > 0 and metrics["rmse_test"] == pytest.approx(result.metrics["rmse_test"])
     assert metrics["rmse_test_static"] > 0 and metrics["seconds_per_refit"] > 0
     history = client.get_metric_history(result.run_id, "rmse_step")

@@ -17,7 +17,7 @@ from tamrun.config.load import typed_config
 from tamrun.errors import ConfigError
 from tamrun.runner import run
 
-from conftest import by_name, csv_overrides
+from conftest import PRICED, assert_priced, by_name, csv_overrides
 
 SPLINE = "+model.effects.sx={kind: spline, column: x, k: 10, ap: -6}"
 DOW = "+model.effects.dow={kind: categorical, column: dow, topo: nominal, ap: -6}"
@@ -47,11 +47,12 @@ def artifact(client: MlflowClient, run_id: str, path: str, folder: Path) -> Path
 
 
 def test_an_aggregate_run_records_the_experts_the_weights_and_the_choice(compose_cfg, store_uri, csv_path, tmp_path):
-    result = run(compose_cfg(*aggregate_overrides(csv_path)))
+    result = run(compose_cfg(*aggregate_overrides(csv_path, *PRICED)))
     client = MlflowClient(tracking_uri=store_uri)
     info = client.get_run(result.run_id)
     assert info.info.status == "FINISHED" and info.data.tags["model"] == "aggregate"
     metrics = by_name(info.data.metrics)
+    assert_priced(metrics, "experts_seconds", "aggregate_seconds")
     for name in ("static", "slow", "fast", "spline_only"):
         assert {f"rmse_test_{name}", f"rmse_validation_{name}"} <= set(metrics)
     assert metrics["rmse_test_best_expert"] == min(metrics[f"rmse_test_{n}"] for n in ("static", "slow", "fast",

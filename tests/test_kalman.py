@@ -27,7 +27,7 @@ from tamrun.memory.tracker import MemoryTracker
 from tamrun.pipeline import build_features, load_splits
 from tamrun.runner import run
 
-from conftest import by_name, csv_overrides, synthetic_frame
+from conftest import PRICED, assert_priced, by_name, csv_overrides, synthetic_frame
 
 F64 = torch.float64
 
@@ -197,7 +197,7 @@ def kalman_run(compose_cfg, path: Path, *extra: str):
 def test_the_test_period_never_reaches_the_selection(compose_cfg, store_uri, tmp_path):
     """The same run on two tables that differ only in the test period's targets chooses the same pair on
     the same validation scores; the test scores differ. The filter beats the static model on a drift."""
-    first = kalman_run(compose_cfg, drifting_csv(tmp_path / "a.csv"))
+    first = kalman_run(compose_cfg, drifting_csv(tmp_path / "a.csv"), *PRICED)
     second = kalman_run(compose_cfg, drifting_csv(tmp_path / "b.csv", test_scale=3.0))
     client = MlflowClient(store_uri)
     chosen = []
@@ -211,6 +211,7 @@ def test_the_test_period_never_reaches_the_selection(compose_cfg, store_uri, tmp
     assert chosen[0]["chosen"]["q"] > 0  # a drifting level: a filter that adapts wins on validation
     assert first.metrics["rmse_test"] < first.metrics["rmse_test_static"]
     assert first.metrics["rmse_validation"] < first.metrics["rmse_validation_static"]
+    assert_priced(by_name(client.get_run(first.run_id).data.metrics), "kalman_test_seconds", "static_fit_seconds")
     history = client.get_metric_history(first.run_id, "rmse_month")
     assert len(history) == 5  # 2021-01 to 2021-05 (500 days from 2020-01-01 end on 2021-05-14)
 

@@ -39,6 +39,7 @@ from tamrun.memory.profiler import PhaseRecorder
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.pipeline import Fit, numerical_fix, solve
 from tamrun.progress import ChunkProgress
+from tamrun.tco.run import priced_phases, priced_work
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.run_plots import log_interval_figure
 
@@ -135,6 +136,7 @@ def sliding_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         table = adaptive_table(past, fitted, static_history)
         steps = step_metrics(schedule, past.batch, fitted.forecast)
     metrics = _metrics(table, fitted, schedule, plan, recorder, prepared.oom_log, tracker)
+    metrics.update(priced_work(config, prepared.measured_on, priced_phases(recorder.seconds())))
     table, interval_metrics = day_ahead_bands(config, table, "adaptive", residual_history(table.iloc[:0], "adaptive"),
                                               naive_bands(config, static), static.model.groups)
     metrics.update(interval_metrics)

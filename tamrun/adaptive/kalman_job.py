@@ -30,6 +30,7 @@ from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
 from tamrun.numbers import significant
 from tamrun.pipeline import Fit, Splits, fit_model, numerical_fix, solve
+from tamrun.tco.run import priced_phases, priced_work
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.run_plots import log_interval_figure
 
@@ -170,6 +171,7 @@ def kalman_metrics(prepared: Prepared, table: pd.DataFrame, run: FilterRun, pair
         metrics.update(rmse_validation=selection.scores[selection.best], rmse_validation_static=selection.static_score)
     metrics.update(recorder.metrics())
     metrics["working_peak_bytes"] = recorder.working_peak(("adaptive",))
+    metrics.update(priced_work(prepared.config, prepared.measured_on, priced_phases(recorder.seconds())))
     return metrics
 
 

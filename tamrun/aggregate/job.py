@@ -33,6 +33,7 @@ from tamrun.jobs.prepare import import_recording_libraries
 from tamrun.jobs.record import record_inputs
 from tamrun.jobs.result import RunResult
 from tamrun.pipeline import DTYPES, Fit, numerical_fix
+from tamrun.tco.run import priced_phases, priced_work
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.run_plots import log_interval_figure
 
@@ -99,6 +100,7 @@ def aggregate_job(cfg: Any, config: Config, devices: DeviceManager, tracked: Tra
     seconds = {"experts_seconds": experts_seconds, "aggregate_seconds": time.perf_counter() - began}
     experts_frame = expert_table(forecasts, experts).assign(kept=lambda f: f["expert"].isin(pruning.kept))
     metrics = aggregate_metrics(table, experts_frame, pruning.selection, seconds)
+    metrics.update(priced_work(config, forecasts.prepared.measured_on, priced_phases(seconds)))
     table, interval_metrics = aggregate_bands(config, table, forecasts.fits[0])
     metrics.update(interval_metrics)
     require_finite({name: metrics[name] for name in ("rmse_test", "rmse_validation")}, "an aggregate metric",

@@ -63,7 +63,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         metrics.update(band_metrics(config, splits, fit.model.intervals))
     metrics.update(run_metrics(prepared, fit))
     tco = run_plan(prepared.classes, prepared.measured_on, metrics, fit.plan, len(fit.model.groups))
-    metrics.update(tco_metrics(tco, metrics))
+    metrics.update(tco_metrics(config, tco, metrics))
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
                                                                     ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))
     log.info("%s", memory_line(metrics))

@@ -119,6 +119,10 @@ class PhaseRecorder:
         """The largest peak above its phase's start among ``phases`` (the memory the plan governs)."""
         return max((self.phases[p].working_peak for p in phases if p in self.phases), default=0)
 
+    def seconds(self) -> Dict[str, float]:
+        """Each phase's seconds, by name."""
+        return {name: record.seconds for name, record in self.phases.items()}
+
     def metrics(self) -> Dict[str, float]:
         """``<phase>_seconds``, ``peak_memory_<phase>_bytes`` (absolute), ``working_peak_<phase>_bytes``; the
         run's peak in bytes and in MiB (``peak_memory_mib``: the figure the runs table and

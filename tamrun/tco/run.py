@@ -4,6 +4,7 @@ measured work (a fitted run's phases, or ``tco.work_seconds`` in mode=plan) and 
     classes_of(config, features, devices, n_predict_rows, n_scored_rows) -> [ClassFit]    (in `prepare`)
     run_plan(config, fits, measured_on, metrics, plan)                  -> TcoPlan        (after the fit)
     plan_only(config, fits, measured_on)                                -> TcoPlan        (mode=plan)
+    priced_work(config, measured_on, priced_phases(phases))           -> metrics        (adaptive jobs)
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from tamrun.tco.time import chunk_overhead, chunked_seconds, compute_seconds, fi
 
 COST_METRIC = "cost_usd"  # the run's measured cost: its compute seconds at the measured-on class's price
 CHEAPEST_COST_METRIC = "cost_cheapest_usd"  # the predicted cost on the cheapest class that fits
+# A job's phases that the class's memory and bandwidth do not price (an adaptive job's cost is its other phases).
+UNPRICED_PHASES = ("data", "record")
 CHEAPEST_TAG = "tco_cheapest"  # the cheapest class that fits
 MEASURED_ON_TAG = "tco_measured_on"
 
@@ -87,15 +90,27 @@ def notes(fits: List[ClassFit], measured_on: Optional[str]) -> List[str]:
     return []
 
 
-def tco_metrics(plan: TcoPlan, metrics: Mapping[str, float]) -> Dict[str, float]:
-    """``compute_seconds`` (the run's measured work, `compute_seconds`); ``cost_usd``: those seconds at the
-    measured-on class's price; ``cost_cheapest_usd``: the cheapest class's predicted cost (each absent when
-    unknown)."""
-    reference = plan.by_name(plan.measured_on)
-    measured_seconds = compute_seconds(metrics)
-    out: Dict[str, float] = {"compute_seconds": measured_seconds}
+def priced_work(config: Config, measured_on: Optional[str], seconds: float) -> Dict[str, float]:
+    """``compute_seconds`` (the work ``seconds``) and ``cost_usd``: those seconds at the price of the class
+    ``measured_on`` (absent when no class is known)."""
+    out: Dict[str, float] = {"compute_seconds": seconds}
+    reference = config.tco.classes.get(measured_on) if measured_on is not None else None
     if reference is not None:
-        out[COST_METRIC] = measured_seconds * reference.price_per_hour / SECONDS_PER_HOUR
+        out[COST_METRIC] = seconds * reference.price_per_hour / SECONDS_PER_HOUR
+    return out
+
+
+def priced_phases(phases: Mapping[str, float]) -> float:
+    """The seconds of an adaptive job's phases (name -> seconds) that its cost prices: all but
+    `UNPRICED_PHASES`. Such a job has no plan per class: its windows, filters and experts are not chunked by
+    a class's memory the way a fit's groups are."""
+    return float(sum(seconds for name, seconds in phases.items() if name not in UNPRICED_PHASES))
+
+
+def tco_metrics(config: Config, plan: TcoPlan, metrics: Mapping[str, float]) -> Dict[str, float]:
+    """A fitted run's `priced_work` (its measured work, `compute_seconds`, at the measured-on class's price)
+    and ``cost_cheapest_usd``: the cheapest class's predicted cost (each absent when unknown)."""
+    out = priced_work(config, plan.measured_on, compute_seconds(metrics))
     cheapest = plan.by_name(plan.cheapest)
     if cheapest is not None and cheapest.cost_usd is not None:
         out[CHEAPEST_COST_METRIC] = cheapest.cost_usd
