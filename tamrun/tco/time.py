@@ -17,9 +17,9 @@ import math
 from typing import Mapping
 
 # The time each extra group step adds, as a fraction of the uncapped chunked work, by route: the median of
-# the rungs of `python -m tamrun.bench.tco --models fourier,spline,forest_big,forest_fourier --fractions
-# 0.25,0.1,0.03` (docs/benchmarks.md, "What chunking costs in time": CG 0.006-0.013 on forest_big and
-# forest_fourier, direct -0.05-0.15 on fourier and spline). The factor a CG fit pays when it rebuilds W Phi at
+# the rungs of `python -m tamrun.bench.tco --fractions 0.25,0.1,0.03` over every preset (docs/benchmarks.md,
+# "What chunking costs in time": CG 0.006-0.013 on forest_big and forest_fourier, forest below its noise;
+# direct -0.05-0.15 on the six fourier and spline presets, median 0.027). The factor a CG fit pays when it rebuilds W Phi at
 # every product instead of keeping it, at the same chunks: model=forest, 1 group x 1,024 rows, 100 s rebuilt
 # against 22.6 s kept (docs/memory.md, "CG's smallest chunk").
 CHUNK_STEP_OVERHEAD: Mapping[str, float] = {"direct": 0.03, "cg": 0.008}
