@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
 
 def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None,
-            started: Optional[CpuClock] = None) -> Optional[float]:
+            started: Optional[CpuClock] = None) -> Any:
     """One job of ``python -m tamrun`` (one run, or one job of a multirun): its objective for the
-    sweeper. Bad input exits 2 with one message, an internal error exits 1 (`job_failed`); in a multirun
+    sweeper (a list with ``more_objectives``: `tamrun.tracking.sweep.objective_names`). Bad input exits 2 with one message, an internal error exits 1 (`job_failed`); in a multirun
     the job fails alone (appended to ``failed``, NaN to the sweeper) and the sweep goes on. ``imports``:
     the entry point's pause of the garbage collector, settled once the run has loaded its libraries;
     ``started``: the command's first reading of the CPU clocks, from which the load at start is read to
@@ -38,7 +38,7 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
     from hydra.types import RunMode
 
     from tamrun.errors import ConfigError
-    from tamrun.tracking.sweep import objective_name, sweep_run_name, sweep_tags
+    from tamrun.tracking.sweep import failed_objective, objective_names, sweep_run_name, sweep_tags
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
@@ -64,14 +64,16 @@ def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None
         if cfg.mode.name == "plan":
             sys.stdout.write(result.plan.describe() + "\n" + (result.tco.describe() + "\n" if result.tco else ""))
             return None
-        objective = objective_name(cfg)
-        if objective not in result.metrics:
-            raise ConfigError("objective", objective, "this run logged no such metric",
-                              f"use one of: {', '.join(sorted(result.metrics))}")
+        names = objective_names(cfg)
+        for field, objective in zip(("objective", *["more_objectives"] * (len(names) - 1)), names):
+            if objective not in result.metrics:
+                raise ConfigError(field, objective, "this run logged no such metric",
+                                  f"use one of: {', '.join(sorted(result.metrics))}")
     except Exception as exc:  # bad input (a TamrunError) or a bug; a signal (KeyboardInterrupt) goes on up
         failed.append(job_failed(exc, cfg, hydra_cfg, tags, name))
-        return float("nan")
-    return result.metrics[objective]
+        return failed_objective(cfg)
+    values = [result.metrics[objective] for objective in names]
+    return values[0] if len(values) == 1 else values
 
 
 def run_folder(output_dir: str) -> str:
@@ -161,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     failed: List[JobFailure] = []
 
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
-    def app(cfg: DictConfig) -> Optional[float]:
+    def app(cfg: DictConfig) -> Any:
         started.append(True)
         return run_job(cfg, failed, imports, clock)
 

@@ -50,11 +50,14 @@ def test_data_constant_in_group_error_refuses_it(compose_cfg, tmp_path):
                         "data.constant_in_group=error"))
 
 
-@pytest.mark.parametrize("objective,fix", [("rmse_tset", "use one of: rmse_train, rmse_test"),
-                                           ("mape_validation", "set split.validation_start")])
-def test_an_objective_no_split_scores_is_refused_before_the_run(compose_cfg, csv_path, store_uri, objective, fix):
+@pytest.mark.parametrize("field,objective,fix", [("objective", "rmse_tset", "use one of: rmse_train, rmse_test"),
+                                                 ("objective", "mape_validation", "set split.validation_start"),
+                                                 ("more_objectives", "rmse_validation", "set split.validation_start")])
+def test_an_objective_no_split_scores_is_refused_before_the_run(compose_cfg, csv_path, store_uri, field, objective,
+                                                                fix):
     from tamrun.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"objective='{objective}': this run scores no split.*{fix}"):
-        run(compose_cfg(*csv_overrides(csv_path), f"objective={objective}"))
+    setting = f"objective={objective}" if field == "objective" else f"more_objectives=[cost_usd,{objective}]"
+    with pytest.raises(ConfigError, match=rf"{field}='{objective}': this run scores no split.*{fix}"):
+        run(compose_cfg(*csv_overrides(csv_path), setting))
     assert not Path(store_uri.removeprefix("sqlite:///")).exists()  # no MLflow run was started

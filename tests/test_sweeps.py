@@ -121,6 +121,29 @@ def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_p
     assert {r.data.metrics["data/n_train_rows"] for r in children} == {24 * (366 - 61)}
 
 
+def test_optuna_trades_the_validation_rmse_against_the_cost_on_a_pareto_front(tmp_path, csv_path):
+    """more_objectives=[cost_usd]: each job returns [rmse_validation, cost_usd] to Optuna's multi-objective
+    sweeper, whose Pareto front is made of the jobs' own logged values."""
+    store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    done = tamrun("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
+                  "hydra.sweeper.sampler.seed=0", "hydra.sweeper.direction=[minimize,minimize]",
+                  "more_objectives=[cost_usd]", *sweep_args(csv_path, store, sweep_dir),
+                  "split.validation_start=2020-11-01", "model.effects.sx.ap=interval(-9.0, 1.0)",
+                  "tracking.log_plots=false", "tracking.log_model=false", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, _, children = sweep_runs(store, sweep_dir)
+    assert len(children) == 2 and {r.info.status for r in children} == {"FINISHED"}
+    logged = [(r.data.metrics["rmse_validation"], r.data.metrics["cost_usd"]) for r in children]
+    front = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())["solutions"]
+    assert 1 <= len(front) <= 2
+    for solution in front:  # each point of the front is a job's logged pair, exactly
+        assert any(solution["values"] == pytest.approx(list(pair), rel=1e-12) for pair in logged)
+    # no job dominates a point of the front on both objectives
+    for solution in front:
+        rmse, cost = solution["values"]
+        assert not any(r < rmse and c < cost for r, c in logged)
+
+
 def test_a_local_submitit_job_runs_end_to_end(tmp_path, csv_path):
     store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
     done = tamrun("-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5",

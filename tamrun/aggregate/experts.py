@@ -28,7 +28,7 @@ from tamrun.errors import ConfigError
 # The run's own settings every expert takes (the experts forecast the same rows the same way).
 SHARED = ("data", "split", "hw", "memory", "dtype", "seed", "progress")
 # What may differ between the experts of one family.
-OWN = ("mode", "adaptive", "objective", "tracking", "aggregate")
+OWN = ("mode", "adaptive", "objective", "more_objectives", "tracking", "aggregate")
 
 
 @dataclass

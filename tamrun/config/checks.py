@@ -248,10 +248,14 @@ def scored_splits(cfg: Config) -> List[str]:
 def _check_objective(cfg: Config) -> None:
     """An objective of the form rmse_<split> / mape_<split> must name a split this run scores (checked
     before anything runs; other metric names are checked once the run has logged its metrics)."""
-    match = re.fullmatch(r"(rmse|mape)_(\w+)", cfg.objective or "")
-    if match is None or cfg.mode.name == ModeName.plan:
+    if cfg.mode.name == ModeName.plan:
         return
-    splits = scored_splits(cfg)
-    hint = " (set split.validation_start to score a validation period)" if match[2] == "validation" else ""
-    _require(match[2] in splits, "objective", cfg.objective, f"this run scores no split {match[2]!r}{hint}",
-             f"use one of: {', '.join(f'{match[1]}_{split}' for split in splits)}")
+    named = [("objective", cfg.objective)] + [("more_objectives", name) for name in cfg.more_objectives]
+    for field_name, objective in named:
+        match = re.fullmatch(r"(rmse|mape)_(\w+)", objective or "")
+        if match is None:
+            continue
+        splits = scored_splits(cfg)
+        hint = " (set split.validation_start to score a validation period)" if match[2] == "validation" else ""
+        _require(match[2] in splits, field_name, objective, f"this run scores no split {match[2]!r}{hint}",
+                 f"use one of: {', '.join(f'{match[1]}_{split}' for split in splits)}")

@@ -618,6 +618,10 @@ class Config:
     # The metric `python -m tamrun` returns to Hydra's sweepers (optuna minimises it) and a sweep's
     # summary ranks by; None = rmse_validation with a validation split, else rmse_test.
     objective: Optional[str] = None
+    # More metrics returned after `objective`, for a multi-objective sweeper (Optuna with
+    # hydra.sweeper.direction=[minimize, minimize]): each job then returns [objective, *more_objectives],
+    # e.g. more_objectives=[cost_usd] trades accuracy against cost (docs/sweeps.md). []: one objective.
+    more_objectives: List[str] = field(default_factory=list)
     # Progress of group chunks and CG iterations: auto (a bar on a terminal, log lines otherwise), bar, log, off.
     progress: ProgressMode = ProgressMode.auto
 

@@ -55,6 +55,17 @@ def objective_name(config: Any) -> str:
     return "rmse_validation" if getattr(config.split, "validation_start", None) else "rmse_test"
 
 
+def objective_names(config: Any) -> List[str]:
+    """What a job returns to the sweeper, in order: `objective_name`, then ``more_objectives``."""
+    return [objective_name(config), *(str(name) for name in (getattr(config, "more_objectives", None) or []))]
+
+
+def failed_objective(config: Any) -> Any:
+    """A failed job's return: NaN for each objective (a float for one; the sweeper records a failed trial)."""
+    names = objective_names(config)
+    return float("nan") if len(names) == 1 else [float("nan")] * len(names)
+
+
 def tracking_settings(config: DictConfig) -> TrackingConfig:
     """The typed tracking group of a composed config."""
     merged = OmegaConf.merge(OmegaConf.structured(TrackingConfig), config.tracking)
