@@ -98,14 +98,21 @@ def test_fresh_loky_workers_give_the_same_jobs_as_forked_ones(tmp_path, csv_path
     assert results["true"] == results["false"]
 
 
-def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_path):
-    """The optuna sweeper gets rmse_validation (a period carved out of training) as the objective."""
+def optuna_sweep(tmp_path: Path, csv_path: Path, trials: int, *extra: str):
+    """An Optuna search (seeded, one job at a time) of the spline's penalty on a validation period carved
+    out of training; (store, sweep folder) once it exited 0."""
     store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
-    done = tamrun("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1",
-                  "hydra.sweeper.sampler.seed=0", *sweep_args(csv_path, store, sweep_dir),
+    done = tamrun("-m", "hydra/sweeper=optuna", f"hydra.sweeper.n_trials={trials}", "hydra.sweeper.n_jobs=1",
+                  "hydra.sweeper.sampler.seed=0", *extra, *sweep_args(csv_path, store, sweep_dir),
                   "split.validation_start=2020-11-01", "model.effects.sx.ap=interval(-9.0, 1.0)",
                   "tracking.log_plots=false", "tracking.log_model=false", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    return store, sweep_dir
+
+
+def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_path):
+    """The optuna sweeper gets rmse_validation (a period carved out of training) as the objective."""
+    store, sweep_dir = optuna_sweep(tmp_path, csv_path, 4)
     client, parent, children = sweep_runs(store, sweep_dir)
     assert len(children) == 4 and {r.info.status for r in children} == {"FINISHED"}
     validation = [r.data.metrics["rmse_validation"] for r in children]
@@ -124,13 +131,8 @@ def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_p
 def test_optuna_trades_the_validation_rmse_against_the_cost_on_a_pareto_front(tmp_path, csv_path):
     """more_objectives=[cost_usd]: each job returns [rmse_validation, cost_usd] to Optuna's multi-objective
     sweeper, whose Pareto front is made of the jobs' own logged values."""
-    store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
-    done = tamrun("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
-                  "hydra.sweeper.sampler.seed=0", "hydra.sweeper.direction=[minimize,minimize]",
-                  "more_objectives=[cost_usd]", *sweep_args(csv_path, store, sweep_dir),
-                  "split.validation_start=2020-11-01", "model.effects.sx.ap=interval(-9.0, 1.0)",
-                  "tracking.log_plots=false", "tracking.log_model=false", cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    store, sweep_dir = optuna_sweep(tmp_path, csv_path, 2, "hydra.sweeper.direction=[minimize,minimize]",
+                                    "more_objectives=[cost_usd]")
     _, _, children = sweep_runs(store, sweep_dir)
     assert len(children) == 2 and {r.info.status for r in children} == {"FINISHED"}
     logged = [(r.data.metrics["rmse_validation"], r.data.metrics["cost_usd"]) for r in children]
