@@ -230,6 +230,21 @@ def recording_bytes(n_scored_rows: int, table: bool, plots: bool, model: bool, l
             + (MODEL_BYTES if model else 0))
 
 
+# ---- a table streamed in chunks of groups -------------------------------------------------------
+# Host bytes per row of a chunk of the table through its run (`tamrun.jobs.stream`): its frame as read
+# (8 bytes a numeric or date column, TEXT_CELL_BYTES a text cell: a pointer and a Python string) in
+# STREAM_FRAME_COPIES copies (the frame, its splits, the padded batches), and the chunk's predictions
+# table (`results_bytes`). The fit's own chunks are planned apart, in the same budget (`MemoryOracle.plan`).
+TEXT_CELL_BYTES = 64
+STREAM_FRAME_COPIES = 3
+
+
+def stream_row_bytes(numeric_columns: int, text_columns: int) -> int:
+    """Bytes per row of a streamed chunk: (8 numeric + TEXT_CELL_BYTES text) x STREAM_FRAME_COPIES + the
+    row's predictions (`results_bytes` of one row)."""
+    return (8 * numeric_columns + TEXT_CELL_BYTES * text_columns) * STREAM_FRAME_COPIES + results_bytes(1)
+
+
 # ---- the unplanned data phase --------------------------------------------------------------------
 # Peak bytes a step of the data phase adds to what is already held, in copies of what it works on:
 #   read    the last block read: the next block's text and parsed columns
