@@ -94,16 +94,14 @@ def run_in_cgroup(args: List[str], cwd: Path, cgroup: Optional[int]) -> Dict[str
     the peak: the cgroup's max usage, else the children's max RSS."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
     group = CGROUP_V1 / f"tamrun-bench-stream-{os.getpid()}" if cgroup else None
-    preexec = None
     if group is not None:
         group.mkdir()
         (group / "memory.limit_in_bytes").write_text(str(cgroup))
-
-        def preexec() -> None:
-            (group / "cgroup.procs").write_text(str(os.getpid()))
     try:
         start = time.perf_counter()
-        done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, preexec_fn=preexec)
+        done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                              preexec_fn=None if group is None else lambda: (group / "cgroup.procs").write_text(
+                                  str(os.getpid())))
         wall = time.perf_counter() - start
         peak = (int((group / "memory.max_usage_in_bytes").read_text()) if group is not None else
                 resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)

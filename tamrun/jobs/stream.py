@@ -21,6 +21,7 @@ Their coverage, width and pinball loss are means over a split's rows: summed ove
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 import tempfile
@@ -46,6 +47,7 @@ from tamrun.jobs.prepare import prepare
 from tamrun.jobs.record import coefficients_frame
 from tamrun.jobs.result import RunResult
 from tamrun.memory.footprint import stream_row_bytes
+from tamrun.memory.host import release_freed_host_memory
 from tamrun.memory.limits import binding_limit
 from tamrun.memory.oracle import ChunkPlan, MemoryOracle
 from tamrun.memory.units import format_size
@@ -98,7 +100,7 @@ def table_row_bytes(config: Config, specs: Dict[str, Any], text_group: bool) -> 
     """`stream_row_bytes` of the columns a run reads (the group counted as text when ``text_group``)."""
     columns = read_columns(config, specs)
     text = int(text_group and config.data.group in columns)
-    return stream_row_bytes(len(columns) - text, text)
+    return stream_row_bytes(len(columns) - text, text, len(config.intervals.levels))
 
 
 def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -> Optional[StreamPlan]:
@@ -234,6 +236,16 @@ def run_chunk(config: Config, specs: Dict[str, Any], devices: DeviceManager, chu
         totals.first = (fit.plan, fit.stats, fit.model.design.width)
 
 
+def release_chunk() -> None:
+    """Give back what a chunk held before the next is read: its objects (cycles included), the C
+    allocator's freed blocks (`release_freed_host_memory`) and pyarrow's pool's."""
+    import pyarrow as pa
+
+    gc.collect()
+    release_freed_host_memory()
+    pa.default_memory_pool().release_unused()
+
+
 def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], devices: DeviceManager,
                tracked: TrackedRun) -> RunResult:
     """Fit, predict and evaluate ``stream``'s chunks one after another, then record the run: the splits'
@@ -248,6 +260,7 @@ def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], device
         for index, chunk in enumerate(chunks, start=1):
             log.info("chunk %d of %d: %d groups", index, len(chunks), len(chunk.groups))
             run_chunk(config, specs, devices, chunk, totals, sink)
+            release_chunk()
         if sink is not None:
             sink.close()
         metrics = stream_metrics(stream, totals)
