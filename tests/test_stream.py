@@ -26,7 +26,7 @@ from test_limits import cgroup_writable, tamrun_under
 
 GROUPS, HOURS = 12, 24 * 30
 RELATIVE = 1e-9
-STREAMED = ("memory.limit=1MiB", "memory.data_in_limit=true")  # the whole table needs ~2 MiB, a chunk ~0.2 MiB
+STREAMED = ("memory.limit=1MiB", "memory.data_in_limit=true")  # the table needs ~4.4 MiB at once: 1 site a chunk
 
 
 @pytest.fixture(scope="module")

@@ -331,10 +331,10 @@ class MemoryConfig:
     safety_margin: str = "16MiB"
     # Every predicted footprint is multiplied by this.
     overhead_factor: float = 1.1
-    # A table whose rows do not fit the chunk fraction of the host's free memory (under the cgroup, the
-    # rlimits, the available RAM) is streamed in chunks of groups (tamrun/jobs/stream.py); true: memory.limit
-    # bounds the data too, so a table larger than its chunk fraction streams as well (on the CPU the limit
-    # otherwise bounds the fit's working memory only).
+    # A table whose rows need more than the host's free memory (under the cgroup, the rlimits, the
+    # available RAM) is streamed in chunks of groups (tamrun/jobs/stream.py); true: memory.limit bounds the
+    # data too, so a table larger than it streams as well (on the CPU the limit otherwise bounds the fit's
+    # working memory only).
     data_in_limit: bool = False
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
     # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.

@@ -18,6 +18,8 @@ from tamrun.data.parquet import DateWindow, naive_utc, parquet_dataset, temporal
 
 log = logging.getLogger(__name__)
 
+SCAN_BATCH_ROWS = 1 << 20  # rows of the group or date column a Parquet scan holds at a time
+
 
 def scan_table(path: Path, parquet: bool, cfg: DataConfig, window: Optional[DateWindow]) -> TableScan:
     """The groups, their rows and the first date of the table at ``path``, reading only the group and date
@@ -30,20 +32,27 @@ def scan_table(path: Path, parquet: bool, cfg: DataConfig, window: Optional[Date
 
 
 def scan_parquet(path: Path, cfg: DataConfig, window: Optional[DateWindow]):
-    """(groups, rows per group, first date) of Parquet data: two columns read, the dates pushed down."""
+    """(groups, rows per group, first date) of Parquet data: the group column read in batches with the
+    split's dates pushed down, then the date column in batches for its first date (a batch of
+    `SCAN_BATCH_ROWS` rows held at a time, whatever the table's size)."""
     import pyarrow.compute as pc
 
     dataset = parquet_dataset(path)
     dates = temporal(dataset, cfg.date_column)
     keep = window_filter(dataset, cfg.date_column, window) if window is not None and dates else None
-    counts = pc.value_counts(dataset.to_table(columns=[cfg.group], filter=keep).column(cfg.group)).flatten()
-    groups, rows = counts[0].to_numpy(zero_copy_only=False), counts[1].to_numpy(zero_copy_only=False)
-    order = np.argsort(groups, kind="stable")
+    totals: pd.Series = pd.Series(dtype=np.int64)
+    for batch in dataset.to_batches(columns=[cfg.group], filter=keep, batch_size=SCAN_BATCH_ROWS):
+        counts = pc.value_counts(batch.column(0)).flatten()
+        part = pd.Series(counts[1].to_numpy(zero_copy_only=False), index=counts[0].to_numpy(zero_copy_only=False))
+        totals = totals.add(part, fill_value=0)
     origin = None
     if dates:
-        smallest = pc.min(dataset.to_table(columns=[cfg.date_column]).column(cfg.date_column)).as_py()
-        origin = None if smallest is None else naive_utc(pd.Series([pd.Timestamp(smallest)])).iloc[0]
-    return groups[order].tolist(), rows[order].astype(np.int64), origin
+        smallest = [pc.min(batch.column(0)).as_py() for batch in
+                    dataset.to_batches(columns=[cfg.date_column], batch_size=SCAN_BATCH_ROWS)]
+        least = min((value for value in smallest if value is not None), default=None)
+        origin = None if least is None else naive_utc(pd.Series([pd.Timestamp(least)])).iloc[0]
+    totals = totals.sort_index()
+    return totals.index.tolist(), totals.to_numpy(dtype=np.int64), origin
 
 
 def scan_csv(path: Path, cfg: DataConfig):

@@ -1,8 +1,8 @@
 """A table larger than memory, run in chunks of groups (docs/memory.md, "More rows than memory").
 
     stream_plan(config, specs, devices) -> StreamPlan | None
-        the table's rows x `stream_row_bytes` against the chunk fraction of the host's free memory (and of
-        memory.limit with memory.data_in_limit): None when it fits (the run reads it whole, `prepare`);
+        the table's rows x `stream_row_bytes` against the host's free memory (and memory.limit with
+        memory.data_in_limit): None when it fits (the run reads it whole, `prepare`);
         else one scan of its group and date columns (`tamrun.data.scan`) and the oracle's chunk of
         groups (`MemoryOracle.stream_chunk`)
     stream_job(stream, config, specs, devices, tracked) -> RunResult
@@ -119,12 +119,13 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
     oracle = MemoryOracle(config.memory, limit, on_gpu=False)
     bound = binding_limit(config.memory.safety_margin_bytes)
     upper = rows_bound(config, path, parquet) * table_row_bytes(config, specs, True)
-    if upper * config.memory.overhead_factor <= oracle.chunk_fraction * oracle.capped_free(bound.left):
+    if upper * config.memory.overhead_factor <= oracle.capped_free(bound.left):
         return None
     scan = scan_table(path, parquet, data, DateWindow.of(config.split))
+    release_chunk()  # what the scan read
     row_bytes = table_row_bytes(config, specs, bool(scan.groups) and isinstance(scan.groups[0], str))
     largest = int(scan.rows.max()) if len(scan.rows) else 0
-    chunk = oracle.stream_chunk(len(scan.groups), largest, row_bytes, bound.left, bound)
+    chunk = oracle.stream_chunk(len(scan.groups), scan.n_rows, largest, row_bytes, bound.left, bound)
     if chunk is None:
         return None
     require_streamable(config, specs)
@@ -258,7 +259,8 @@ def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], device
     sink = PredictionSink(folder / PREDICTIONS_FILE) if tracked.enabled and config.tracking.log_predictions else None
     try:
         for index, chunk in enumerate(chunks, start=1):
-            log.info("chunk %d of %d: %d groups", index, len(chunks), len(chunk.groups))
+            log.info("chunk %d of %d: %d groups (resident set %s)", index, len(chunks), len(chunk.groups),
+                     format_size(devices.allocated()))
             run_chunk(config, specs, devices, chunk, totals, sink)
             release_chunk()
         if sink is not None:

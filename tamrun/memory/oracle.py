@@ -283,20 +283,21 @@ class MemoryOracle:
                          self.cfg.max_chunk_rows, "fit", minimal, bound, least)
         return fit, cache, fit_cost, predict_cost
 
-    def stream_chunk(self, n_groups: int, group_rows: int, row_bytes: int, free: int,
+    def stream_chunk(self, n_groups: int, n_rows: int, group_rows: int, row_bytes: int, free: int,
                      bound: Optional[Limit] = None) -> Optional[ChunkPlan]:
-        """The chunk of groups a table is streamed in when the whole table does not fit: as many groups of
-        ``group_rows`` rows (the largest group's) as fit at ``row_bytes`` a row (`stream_row_bytes`) in the
-        chunk fraction of ``free`` (host bytes, capped by memory.limit); None when every group fits (the
-        run reads the table whole). The fit's chunks are planned in the same budget for each chunk.
+        """The chunk of groups a table of ``n_rows`` rows is streamed in when it needs more than ``free``
+        (host bytes, capped by memory.limit) at ``row_bytes`` a row (`stream_row_bytes`): as many groups of
+        ``group_rows`` rows (the largest group's) as fit in the chunk fraction of it; None when the table
+        fits (the run reads it whole). The fit's chunks are planned in what each chunk leaves.
 
         Raises:
             MemoryBudgetError: one group's rows do not fit; names ``bound`` and the limit they need.
         """
         bound = self.binding(free, 0, bound)
-        budget = int(self.chunk_fraction * self.capped_free(free))
+        free = self.capped_free(free)
+        budget = int(self.chunk_fraction * free)
         cost, overhead = StepCost(0, row_bytes), self.cfg.overhead_factor
-        if cost.bytes(n_groups, group_rows, overhead) <= budget:
+        if cost.bytes(1, n_rows, overhead) <= free:
             return None
         one = cost.bytes(1, group_rows, overhead)
         if one > budget:
