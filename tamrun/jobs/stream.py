@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -151,10 +152,12 @@ def require_streamable(config: Config, specs: Dict[str, Any]) -> None:
 
 
 class PredictionSink:
-    """The predictions table on disk: each chunk's rows appended to one Parquet file (one writer)."""
+    """The predictions table on disk: each chunk's rows appended to one Parquet file (one writer), then
+    flushed to disk and dropped from the page cache: a memory cgroup counts dirty pages as used, and a
+    table's predictions are as large as the table."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.writer, self.rows = path, None, 0
+        self.path, self.writer, self.file, self.rows = path, None, None, 0
 
     def append(self, table: pd.DataFrame) -> None:
         import pyarrow as pa
@@ -162,13 +165,19 @@ class PredictionSink:
 
         arrow = pa.Table.from_pandas(table, preserve_index=False)
         if self.writer is None:
-            self.writer = pq.ParquetWriter(str(self.path), arrow.schema, compression="zstd")
+            self.file = open(self.path, "wb")
+            self.writer = pq.ParquetWriter(self.file, arrow.schema, compression="zstd")
         self.writer.write_table(arrow.cast(self.writer.schema))
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        if hasattr(os, "posix_fadvise"):  # Linux; elsewhere the kernel's own writeback
+            os.posix_fadvise(self.file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         self.rows += len(table)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.file.close()
 
 
 @dataclass
