@@ -191,6 +191,13 @@ class ScoreSums:
         self.nonzero += int(np.count_nonzero(kept))
         self.relative += float(np.sum(np.abs(error[kept] / actual[kept])))
 
+    def merge(self, other: "ScoreSums") -> None:
+        """Add the rows ``other`` summed (a chunk fitted elsewhere: `tamrun.jobs.shard`)."""
+        self.rows += other.rows
+        self.squares += other.squares
+        self.nonzero += other.nonzero
+        self.relative += other.relative
+
     def scores(self, split: str) -> Dict[str, float]:
         """``rmse_<split>``, ``mape_<split>`` of every row added (NaN: none, or no y != 0 for the MAPE)."""
         rmse_value = float(np.sqrt(self.squares / self.rows)) if self.rows else float("nan")

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pandas as pd
 import torch
@@ -135,12 +135,16 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
     return stream
 
 
-def require_streamable(config: Config, specs: Dict[str, Any]) -> None:
-    """`ConfigError` naming the setting that needs every group at once, when the table must stream."""
-    why = "the table does not fit in memory and is streamed in chunks of groups, but "
-    fix = " or give the run the memory the whole table needs (the cgroup's limit, memory.limit)"
+STREAM_WHY = "the table does not fit in memory and is streamed in chunks of groups, but "
+STREAM_FIX = "or give the run the memory the whole table needs (the cgroup's limit, memory.limit)"
+
+
+def require_streamable(config: Config, specs: Dict[str, Any], why: str = STREAM_WHY, fix: str = STREAM_FIX) -> None:
+    """`ConfigError` naming the setting that needs every group at once, when the run is fitted in chunks of
+    groups (``why``: the reason it is; ``fix``: the way out beside the setting's own)."""
+    fix = " " + fix
     if config.mode.name != ModeName.run:
-        raise ConfigError("mode", config.mode.name.value, why + "only mode=run streams", "run mode=run," + fix)
+        raise ConfigError("mode", config.mode.name.value, why + "only mode=run is fitted in chunks of groups", "run mode=run," + fix)
     if config.model.penalties == PenaltyMode.gcv:
         raise ConfigError("model.penalties", "gcv", why + "GCV pools its score over every group at once",
                           "set model.penalties=fixed (tune the penalties with a sweep)," + fix)
@@ -192,6 +196,23 @@ class StreamTotals:
     phases: Dict[str, float]
     band_sums: Dict[str, float]
     first: Optional[Any] = None  # (plan, stats, width) of the first chunk
+
+    @classmethod
+    def empty(cls) -> "StreamTotals":
+        return cls({}, [], [], [], {}, {})
+
+    def merge(self, part: "StreamTotals") -> None:
+        """Add a chunk's totals computed elsewhere (a Ray task, `tamrun.jobs.shard`), in chunk order."""
+        for name, sums in part.sums.items():
+            self.sums.setdefault(name, ScoreSums()).merge(sums)
+        self.groups += part.groups
+        self.coefficients += part.coefficients
+        self.coef += part.coef
+        self.add_phases(part.phases)
+        for name, value in part.band_sums.items():
+            self.band_sums[name] = self.band_sums.get(name, 0.0) + value
+        if self.first is None:
+            self.first = part.first
 
     def add_phases(self, metrics: Dict[str, float]) -> None:
         for name, value in metrics.items():
@@ -256,18 +277,23 @@ def release_chunk() -> None:
     pa.default_memory_pool().release_unused()
 
 
+ChunkRunner = Callable[[List[GroupChunk], StreamTotals, Optional[PredictionSink]], None]
+
+
 def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], devices: DeviceManager,
-               tracked: TrackedRun) -> RunResult:
+               tracked: TrackedRun, run_chunks: Optional[ChunkRunner] = None) -> RunResult:
     """Fit, predict and evaluate ``stream``'s chunks one after another, then record the run: the splits'
     metrics from the sums over chunks, the predictions (one Parquet file, written chunk by chunk), the
     per-group metrics and coefficients. Plots and the LoggedModel need the whole table at once: not
     recorded (said in the log)."""
     chunks = stream.chunks
-    totals = StreamTotals({}, [], [], [], {}, {})
+    totals = StreamTotals.empty()
     folder = Path(tempfile.mkdtemp(prefix="tamrun-stream-"))
     sink = PredictionSink(folder / PREDICTIONS_FILE) if tracked.enabled and config.tracking.log_predictions else None
     try:
-        for index, chunk in enumerate(chunks, start=1):
+        if run_chunks is not None:  # elsewhere (`tamrun.jobs.shard`), gathered into totals and sink
+            run_chunks(chunks, totals, sink)
+        for index, chunk in enumerate(chunks if run_chunks is None else [], start=1):
             log.info("chunk %d of %d: %d groups (resident set %s)", index, len(chunks), len(chunk.groups),
                      format_size(devices.allocated()))
             run_chunk(config, specs, devices, chunk, totals, sink)
