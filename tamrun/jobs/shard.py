@@ -121,9 +121,12 @@ class CollectedTables:
 
 def join_cluster(shard: ShardConfig) -> Any:
     """Ray, joined to shard.address (`tamrun.ray_start.start_ray`; None: RAY_ADDRESS or a Ray of this
-    process's own)."""
-    import ray
-
+    process's own); without Ray installed, a config error naming shard.over."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("shard.over", "ray", "Ray is not installed in this environment",
+                          "pip install 'tamrun[ray]' (on the driver and every node), or shard.over=local") from None
     from tamrun.ray_start import start_ray
 
     start_ray({"address": shard.address} if shard.address else {}, setting="shard.address")
