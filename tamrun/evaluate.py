@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -169,6 +170,39 @@ def scored(batch: GroupedBatch, predicted: torch.Tensor) -> Tuple[np.ndarray, np
 def split_scores(split: str, actual: np.ndarray, predicted: np.ndarray) -> Dict[str, float]:
     """``rmse_<split>``, ``mape_<split>`` of one split."""
     return {f"rmse_{split}": rmse(actual, predicted), f"mape_{split}": mape(actual, predicted)}
+
+
+@dataclass
+class ScoreSums:
+    """A split's scores summed over chunks of its rows (a streamed run, `tamrun.jobs.stream`): rows n,
+    sum (y - yhat)^2, the rows with y != 0 and their sum |y - yhat| / |y|; `scores` gives `split_scores`'
+    rmse = sqrt(sum / n) and mape = 100 sum / rows (equal to the whole split's to rounding)."""
+
+    rows: int = 0
+    squares: float = 0.0
+    nonzero: int = 0
+    relative: float = 0.0
+
+    def add(self, actual: np.ndarray, predicted: np.ndarray) -> None:
+        error = np.asarray(actual, dtype=np.float64) - np.asarray(predicted, dtype=np.float64)
+        kept = actual != 0
+        self.rows += int(error.size)
+        self.squares += float(np.sum(error * error))
+        self.nonzero += int(np.count_nonzero(kept))
+        self.relative += float(np.sum(np.abs(error[kept] / actual[kept])))
+
+    def merge(self, other: "ScoreSums") -> None:
+        """Add the rows ``other`` summed (a chunk fitted elsewhere: `tamrun.jobs.shard`)."""
+        self.rows += other.rows
+        self.squares += other.squares
+        self.nonzero += other.nonzero
+        self.relative += other.relative
+
+    def scores(self, split: str) -> Dict[str, float]:
+        """``rmse_<split>``, ``mape_<split>`` of every row added (NaN: none, or no y != 0 for the MAPE)."""
+        rmse_value = float(np.sqrt(self.squares / self.rows)) if self.rows else float("nan")
+        mape_value = 100.0 * self.relative / self.nonzero if self.nonzero else float("nan")
+        return {f"rmse_{split}": rmse_value, f"mape_{split}": mape_value}
 
 
 def group_metrics(table: pd.DataFrame) -> pd.DataFrame:

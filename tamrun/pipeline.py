@@ -22,6 +22,7 @@ from tamrun.config.effects import effect_columns
 from tamrun.config.schema import (AdaptiveMethod, CheckPolicy, Config, DataConfig, DType, ModeName, PenaltyMode,
                                   TrackingConfig)
 from tamrun.data.batch import GroupedBatch, build_batch
+from tamrun.data.chunks import GroupChunk
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, check_target_outliers,
                                  drop_missing_groups, enforce)
@@ -65,14 +66,15 @@ class Splits:
         return len(self.train) + len(self.test) + (0 if self.validation is None else len(self.validation))
 
 
-def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room_check) -> Splits:
+def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room_check,
+                chunk: Optional[GroupChunk] = None) -> Splits:
     """Load the table, add derived columns, check the used columns, apply the NaN policy, split.
-    ``room`` is called before each block of the read and each later step (`HostRoomWatch`)."""
+    ``room`` is called before each block of the read and each later step (`HostRoomWatch`); ``chunk``:
+    only its groups (a streamed run, `tamrun.jobs.stream`)."""
     data = config.data
-    numeric = {"data.target": data.target}
-    numeric.update(effect_columns(specs))
-    numeric.update(skip_update_columns(config))
-    loaded = read_table(data, *file_columns(data, numeric), room=room, window=DateWindow.of(config.split))
+    numeric = model_columns(config, specs)
+    loaded = read_table(data, *file_columns(data, numeric), room=room, window=DateWindow.of(config.split),
+                        chunk=chunk)
     frame = loaded.frame
     room("deriving and checking the data", "check", frame_bytes(frame))
     frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin)
@@ -91,6 +93,18 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
     train, validation = carve_validation(train, config.split, data.date_column)
     return Splits(train, test, validation, recipe)
+
+
+def model_columns(config: Config, specs: Dict[str, Any]) -> Dict[str, str]:
+    """The numeric columns a run reads (config field -> column): the target, the effects' columns, the
+    columns adaptive.kalman.skip_updates reads."""
+    return {"data.target": config.data.target, **effect_columns(specs), **skip_update_columns(config)}
+
+
+def read_columns(config: Config, specs: Dict[str, Any]) -> Set[str]:
+    """The columns a run reads from the file for sure: the date and `file_columns`' required ones."""
+    required, _ = file_columns(config.data, model_columns(config, specs))
+    return {config.data.date_column, *required.values()}
 
 
 def skip_update_columns(config: Config) -> Dict[str, str]:

@@ -22,9 +22,9 @@ def options(config: DictConfig, key: str) -> Dict[str, Any]:
     return OmegaConf.to_container(config.hydra.launcher.ray.get(key) or {}, resolve=True) or {}
 
 
-def start_ray(init: Dict[str, Any]) -> None:
+def start_ray(init: Dict[str, Any], setting: str = "hydra.launcher.ray.init.address") -> None:
     """Join (or start) the cluster ``ray.init`` names, once per process; a cluster that does not answer is
-    refused naming hydra.launcher.ray.init.address."""
+    refused naming ``setting`` (where its address was given)."""
     import ray
 
     if ray.is_initialized():
@@ -33,7 +33,7 @@ def start_ray(init: Dict[str, Any]) -> None:
     try:
         ray.init(**init)
     except ConnectionError as exc:
-        raise ConfigError("hydra.launcher.ray.init.address", init.get("address"),
+        raise ConfigError(setting, init.get("address"),
                           f"no Ray cluster answers there ({str(exc).strip().splitlines()[0][:300]})",
                           "start one (ray start --head) or give its head's address, <host>:<port>; null starts "
                           "a Ray instance of this process's own") from None

@@ -17,7 +17,7 @@ import tamrun
 from tamrun.adaptive.job import adaptive_job
 from tamrun.aggregate.job import aggregate_job
 from tamrun.config.load import resolved_container, typed_config
-from tamrun.config.schema import Config, ModeName
+from tamrun.config.schema import Config, ModeName, ShardOver
 from tamrun.device import DeviceManager, resolved_kind
 from tamrun.errors import note_run
 from tamrun.jobs.fit import fit_job
@@ -25,6 +25,8 @@ from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
 from tamrun.jobs.record import record_inputs
 from tamrun.jobs.result import RunResult
+from tamrun.jobs.shard import shard_job
+from tamrun.jobs.stream import stream_job, stream_plan
 from tamrun.pipeline import DTYPES
 from tamrun.threads import applied_wait_policy
 from tamrun.tracking.mlflow_run import TrackedRun, close_stale_runs_of
@@ -65,7 +67,9 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         close_stale_runs_of(config.tracking, "mode=plan")  # the store it would record in, if it exists
         with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
-            return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded))
+            stream = stream_plan(config, specs, devices)  # a streamed run's plan: its first chunk's
+            return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded,
+                                    chunk=stream.chunks[0] if stream is not None else None))
     name = run_name or plain_run_name(config, overrides)
     with TrackedRun(config.tracking, run_name=name, tags=run_tags(config, tags), objective=objective_name(config),
                     number_reruns=run_name is None, folder=folder) as tracked:
@@ -95,6 +99,15 @@ def tracked_job(cfg: Any, config: Config, specs: Dict[str, Any], devices: Device
     preparation (`prepare`) and record the splits as the run's inputs."""
     if config.mode.name == ModeName.aggregate:
         return aggregate_job(cfg, config, devices, tracked, libraries_loaded)
+    if config.shard.over == ShardOver.ray:  # chunks of groups as tasks of a Ray cluster
+        if libraries_loaded is not None:
+            libraries_loaded()
+        return shard_job(resolved_container(cfg), config, specs, devices, tracked)
+    stream = stream_plan(config, specs, devices)
+    if stream is not None:  # the table does not fit in memory: chunks of groups, one after another
+        if libraries_loaded is not None:
+            libraries_loaded()
+        return stream_job(stream, config, specs, devices, tracked)
     prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
     record_inputs(tracked, prepared)
     return TRACKED_JOBS[config.mode.name](prepared, tracked)

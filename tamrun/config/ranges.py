@@ -122,6 +122,8 @@ SETTINGS: Dict[str, Range] = {
     "adaptive.max_batch_windows": POSITIVE_COUNT,
     "tco.work_seconds": Range(0, low_open=True, what="the measured work in seconds",
                               fix="set tco.work_seconds to a run's compute_seconds, or null"),
+    "shard.groups_per_task": POSITIVE_COUNT,
+    "shard.cpus_per_task": Range(1, 100_000, what="the CPUs of a task"),
     "seed": SEED,
 }
 

@@ -122,6 +122,13 @@ class PenaltyMode(str, Enum):
     gcv = "gcv"
 
 
+class ShardOver(str, Enum):
+    """Where a run's groups are fitted: ``local`` in this process, ``ray`` as tasks of a Ray cluster."""
+
+    local = "local"
+    ray = "ray"
+
+
 class ProgressMode(str, Enum):
     auto = "auto"  # a bar on a terminal, log lines otherwise
     bar = "bar"
@@ -331,6 +338,11 @@ class MemoryConfig:
     safety_margin: str = "16MiB"
     # Every predicted footprint is multiplied by this.
     overhead_factor: float = 1.1
+    # A table whose rows need more than the host's free memory (under the cgroup, the rlimits, the
+    # available RAM) is streamed in chunks of groups (tamrun/jobs/stream.py); true: memory.limit bounds the
+    # data too, so a table larger than it streams as well (on the CPU the limit otherwise bounds the fit's
+    # working memory only).
+    data_in_limit: bool = False
     # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
     # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
     max_chunk_rows: Optional[int] = 1024
@@ -590,6 +602,24 @@ class IntervalConfig:
 
 
 @dataclass
+class ShardConfig:
+    """Where a run's groups are fitted (docs/scale.md, "Groups across a Ray cluster"): ``local``, in this
+    process (in chunks of groups when the table does not fit: `tamrun.jobs.stream`); ``ray``, each chunk
+    of groups a Ray task of the cluster at ``address``, reading its groups from data.path on its node,
+    gathered into one MLflow run with the same results (`tamrun.jobs.shard`)."""
+
+    over: ShardOver = ShardOver.local
+    # The cluster: its head's <host>:<port>, "auto" or ray://<host>:10001; None: RAY_ADDRESS, else a Ray
+    # instance of this process's own (its CPUs).
+    address: Optional[str] = None
+    # Groups per task; None: the groups spread over twice the cluster's CPUs (at most the chunk of a
+    # streamed run when the table does not fit here).
+    groups_per_task: Optional[int] = None
+    # CPUs each task holds on its node (its torch threads).
+    cpus_per_task: int = 1
+
+
+@dataclass
 class ModeConfig:
     """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only;
     ``adaptive`` refits on a sliding window over the test period (settings: `Config.adaptive`);
@@ -612,6 +642,7 @@ class Config:
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     intervals: IntervalConfig = field(default_factory=IntervalConfig)
     tco: TcoConfig = field(default_factory=TcoConfig)
+    shard: ShardConfig = field(default_factory=ShardConfig)
     dtype: DType = DType.float64
     # Seeds torch and the forests' random trees (a forest effect's own `seed` wins).
     seed: int = 0

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 import pandas as pd
 
 from tamrun.config.schema import DataConfig, DataSource
+from tamrun.data.chunks import GroupChunk, keep_groups
 from tamrun.data.dates import FileDates
 from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, decode_problem, excerpt, header_problem, regular_file,
                                     sniff)
@@ -96,7 +97,8 @@ def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
 
 
 def read_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None, optional: Iterable[str] = (),
-               room: Callable[..., None] = lambda *step: None, window: Optional[DateWindow] = None) -> LoadedTable:
+               room: Callable[..., None] = lambda *step: None, window: Optional[DateWindow] = None,
+               chunk: Optional[GroupChunk] = None) -> LoadedTable:
     """Read the table, parse the date column and sort rows by (date, group).
 
     ``required`` (config field -> column): the columns the run reads from the file, checked against
@@ -105,6 +107,8 @@ def read_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None, op
     ``room(what, step, nbytes)`` is called before each block of a CSV is read and before the blocks are
     joined (a check of the memory left, `tamrun.memory.guard.RoomCheck`; it may raise). ``window``: the
     split's days; Parquet data reads only their rows (a CSV is read whole, the split drops the rest).
+    ``chunk``: only these groups' rows are read (`tamrun.data.chunks`; data.group names their column),
+    and a derived ``time_index`` counts from its origin, the whole table's first date.
 
     Raises:
         DataError: the file is missing, unreadable or empty, or a required column is absent, or the date
@@ -122,9 +126,9 @@ def read_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None, op
     usecols = None if wanted is None else [c for c in header if c in wanted]
     read = None
     if parquet:
-        frame, read = read_parquet(path, usecols, cfg, window)
+        frame, read = read_parquet(path, usecols, cfg, window, chunk)
     else:
-        frame = read_rows(path, usecols, cfg, room)
+        frame = read_rows(path, usecols, cfg, room, chunk)
     if frame.empty:
         raise DataError("data.path", str(path), "the file has no rows" if read is None else "no rows in the "
                         "split's dates", "give a table with at least one data row" if read is None else
@@ -132,11 +136,14 @@ def read_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None, op
     sort_by = [cfg.date_column] + ([cfg.group] if cfg.group and cfg.group in frame.columns else [])
     frame = frame.sort_values(sort_by, kind="stable").reset_index(drop=True)
     log.info("loaded %d rows x %d columns from %s", len(frame), frame.shape[1], path)
-    return LoadedTable(frame, read.first_date if read is not None else None, read)
+    origin = chunk.origin if chunk is not None and chunk.origin is not None else read.first_date if read else None
+    return LoadedTable(frame, origin, read)
 
 
-def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[..., None]) -> pd.DataFrame:
-    """The file's rows (``usecols`` only, if given) with the date column parsed in one format, the first
+def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[..., None],
+              chunk: Optional[GroupChunk] = None) -> pd.DataFrame:
+    """The file's rows (``usecols`` only, if given; ``chunk``: only its groups' rows, kept from each block
+    before its dates are parsed) with the date column parsed in one format, the first
     date's (`tamrun.data.dates`), read in blocks of data.read_chunk_rows so that the text and date strings
     of one block are held at a time. The room for each block is checked before it is read (as big as the
     last one), and for joining them."""
@@ -149,7 +156,7 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
                 if block is None:
                     break
                 rows += len(block)
-                block, blank = dates.parse(block)
+                block, blank = dates.parse(keep_groups(block, cfg.group, chunk))
                 parts.append(block)
                 dropped += blank
                 last = frame_bytes(block)

@@ -50,15 +50,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     with recorder.phase("predict", metered):
         splits = predict_splits(prepared, fit)
     with recorder.phase("evaluate"):
-        metrics: Dict[str, float] = {}
-        scores = {split.name: scored(split.batch, split.predicted) for split in splits}
-        for name, (actual, predicted) in scores.items():
-            metrics.update(split_scores(name, actual, predicted))
-        require_finite(metrics, "a forecast metric", numerical_fix(config))
-        require_plausible({name: predicted for name, (_, predicted) in scores.items()}, metrics, scores["train"][0],
-                          numerical_fix(config))
-        require_supported({split.name: (split.batch, split.predicted) for split in splits if split.name != "train"},
-                          fit.train, fit.model.coef.shape[1], support_fix(config))
+        metrics = checked_metrics(config, fit, splits)
         fit.model.intervals = calibration_bands(config, splits)
         metrics.update(band_metrics(config, splits, fit.model.intervals))
     metrics.update(run_metrics(prepared, fit))
@@ -76,6 +68,21 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     metrics.update(after)
     return RunResult(run_id=None, route=fit.plan.route, width=fit.model.design.width, groups=fit.model.groups,
                      coef=fit.model.coef, metrics=metrics, table=table, plan=fit.plan, stats=fit.stats, tco=tco)
+
+
+def checked_metrics(config: Config, fit: Fit, splits: List[ScoredSplit]) -> Dict[str, float]:
+    """RMSE / MAPE of every split from its predictions, checked: finite (`require_finite`), plausible against
+    the training target's scale (`require_plausible`) and supported by the training rows (`require_supported`)."""
+    metrics: Dict[str, float] = {}
+    scores = {split.name: scored(split.batch, split.predicted) for split in splits}
+    for name, (actual, predicted) in scores.items():
+        metrics.update(split_scores(name, actual, predicted))
+    require_finite(metrics, "a forecast metric", numerical_fix(config))
+    require_plausible({name: predicted for name, (_, predicted) in scores.items()}, metrics, scores["train"][0],
+                      numerical_fix(config))
+    require_supported({split.name: (split.batch, split.predicted) for split in splits if split.name != "train"},
+                      fit.train, fit.model.coef.shape[1], support_fix(config))
+    return metrics
 
 
 def solve_phase(prepared: Prepared) -> Fit:

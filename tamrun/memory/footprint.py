@@ -230,6 +230,24 @@ def recording_bytes(n_scored_rows: int, table: bool, plots: bool, model: bool, l
             + (MODEL_BYTES if model else 0))
 
 
+# ---- a table streamed in chunks of groups -------------------------------------------------------
+# Host bytes per row of a chunk of the table through its run (`tamrun.jobs.stream`): its frame as read
+# (8 bytes a numeric or date column, TEXT_CELL_BYTES a text cell: a pointer and a Python string) in
+# STREAM_FRAME_COPIES copies (the frame, its splits, the padded training and test batches, their
+# predictions: measured 7.2 copies held when the fit is planned, a spline and an hourly categorical effect
+# on 5 columns, 385,000 rows a chunk), and the chunk's predictions table (`results_bytes`, with its
+# intervals). The fit's own chunks are planned apart, in what is left (`MemoryOracle.plan`).
+TEXT_CELL_BYTES = 64
+STREAM_FRAME_COPIES = 8
+
+
+def stream_row_bytes(numeric_columns: int, text_columns: int, levels: int = 0) -> int:
+    """Bytes per row of a streamed chunk: (8 numeric + TEXT_CELL_BYTES text) x STREAM_FRAME_COPIES + the
+    row's predictions (`results_bytes` of one row, ``levels`` intervals)."""
+    return ((8 * numeric_columns + TEXT_CELL_BYTES * text_columns) * STREAM_FRAME_COPIES
+            + results_bytes(1, levels))
+
+
 # ---- the unplanned data phase --------------------------------------------------------------------
 # Peak bytes a step of the data phase adds to what is already held, in copies of what it works on:
 #   read    the last block read: the next block's text and parsed columns

@@ -283,6 +283,31 @@ class MemoryOracle:
                          self.cfg.max_chunk_rows, "fit", minimal, bound, least)
         return fit, cache, fit_cost, predict_cost
 
+    def stream_chunk(self, n_groups: int, n_rows: int, group_rows: int, row_bytes: int, free: int,
+                     bound: Optional[Limit] = None) -> Optional[ChunkPlan]:
+        """The chunk of groups a table of ``n_rows`` rows is streamed in when it needs more than ``free``
+        (host bytes, capped by memory.limit) at ``row_bytes`` a row (`stream_row_bytes`): as many groups of
+        ``group_rows`` rows (the largest group's) as fit in the chunk fraction of it; None when the table
+        fits (the run reads it whole). The fit's chunks are planned in what each chunk leaves.
+
+        Raises:
+            MemoryBudgetError: one group's rows do not fit; names ``bound`` and the limit they need.
+        """
+        bound = self.binding(free, 0, bound)
+        free = self.capped_free(free)
+        budget = int(self.chunk_fraction * free)
+        cost, overhead = StepCost(0, row_bytes), self.cfg.overhead_factor
+        if cost.bytes(1, n_rows, overhead) <= free:
+            return None
+        one = cost.bytes(1, group_rows, overhead)
+        if one > budget:
+            raise MemoryBudgetError(bound.name, format_size(bound.size),
+                                    f"one group's {group_rows} rows need {format_size(one)} to stream but the chunk "
+                                    f"budget under {bound.describe()} is {format_size(budget)}",
+                                    bound.fix(int(one / self.chunk_fraction) + 1))
+        groups, _ = select_chunk(n_groups, group_rows, cost, budget, overhead, floor_rows=group_rows, regrow_rows=False)
+        return ChunkPlan(groups, group_rows, cost.bytes(groups, group_rows, overhead))
+
     def select_minimal(self, size: ProblemSize) -> int:
         """The smallest memory.limit GCV's search can run in: every group's statistics, then one group
         of one row or one group's score."""
