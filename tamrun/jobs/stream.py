@@ -107,8 +107,12 @@ def table_row_bytes(config: Config, specs: Dict[str, Any], text_group: bool) -> 
 def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -> Optional[StreamPlan]:
     """How the table is read: None when it fits whole (or has no groups to chunk), else the `StreamPlan`.
 
+    A config that needs every group at once (`require_streamable`) is read whole under a real limit (the
+    data phase refuses it, naming the limit, if it truly does not fit).
+
     Raises:
-        ConfigError: the table must stream but the config needs every group at once (`require_streamable`).
+        ConfigError: memory.limit counts the data (memory.data_in_limit) and the table must stream, but the
+            config needs every group at once (`require_streamable`).
         MemoryBudgetError: one group's rows do not fit.
     """
     data = config.data
@@ -122,6 +126,17 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
     upper = rows_bound(config, path, parquet) * table_row_bytes(config, specs, True)
     if upper * config.memory.overhead_factor <= oracle.capped_free(bound.left):
         return None
+    refusal: Optional[ConfigError] = None
+    try:
+        require_streamable(config, specs)
+    except ConfigError as error:
+        refusal = error
+    if refusal is not None and limit is None:
+        # a real limit binds (cgroup, rlimit, RAM): the table is read whole, and the data phase's own checks
+        # refuse it naming that limit and the memory it needs if it truly does not fit
+        log.warning("data: the table may not fit in the free memory, and this run cannot stream it (%s): it is "
+                    "read whole", refusal)
+        return None
     scan = scan_table(path, parquet, data, DateWindow.of(config.split))
     release_chunk()  # what the scan read
     row_bytes = table_row_bytes(config, specs, bool(scan.groups) and isinstance(scan.groups[0], str))
@@ -129,7 +144,8 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
     chunk = oracle.stream_chunk(len(scan.groups), scan.n_rows, largest, row_bytes, bound.left, bound)
     if chunk is None:
         return None
-    require_streamable(config, specs)
+    if refusal is not None:  # memory.limit counts the data (memory.data_in_limit): only a stream keeps to it
+        raise refusal
     stream = StreamPlan(scan, chunk, row_bytes)
     log.info("%s", stream.describe())
     return stream
