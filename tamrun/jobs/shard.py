@@ -175,9 +175,10 @@ def shard_job(container: Dict[str, Any], config: Config, specs: Dict[str, Any], 
     """The run with its chunks of groups fitted as Ray tasks (module doc), recorded as a streamed run."""
     require_shardable(config, specs)
     ray = join_cluster(config.shard)
-    stream = shard_plan(config, specs, devices, cluster_cpus(ray))
+    cpus = cluster_cpus(ray)
+    stream = shard_plan(config, specs, devices, cpus)
     log.info("shard: %d groups in %d chunks of up to %d, on a Ray cluster of %d CPUs", len(stream.scan.groups),
-             len(stream.chunks), stream.chunk.groups, cluster_cpus(ray))
+             len(stream.chunks), stream.chunk.groups, cpus)
     tracked.set_tags({"shard": f"ray: {len(stream.chunks)} tasks of up to {stream.chunk.groups} groups"})
     return stream_job(stream, config, specs, devices, tracked,
                       run_chunks=functools.partial(run_on_ray, ray, container, config))

@@ -21,6 +21,7 @@ Their coverage, width and pinball loss are means over a split's rows: summed ove
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -296,6 +297,16 @@ def release_chunk() -> None:
 ChunkRunner = Callable[[List[GroupChunk], StreamTotals, Optional[PredictionSink]], None]
 
 
+def run_here(config: Config, specs: Dict[str, Any], devices: DeviceManager, chunks: List[GroupChunk],
+             totals: StreamTotals, sink: Optional[PredictionSink]) -> None:
+    """The chunks in this process, one after another, each given back before the next (a `ChunkRunner`)."""
+    for index, chunk in enumerate(chunks, start=1):
+        log.info("chunk %d of %d: %d groups (resident set %s)", index, len(chunks), len(chunk.groups),
+                 format_size(devices.allocated()))
+        run_chunk(config, specs, devices, chunk, totals, sink)
+        release_chunk()
+
+
 def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], devices: DeviceManager,
                tracked: TrackedRun, run_chunks: Optional[ChunkRunner] = None) -> RunResult:
     """Fit, predict and evaluate ``stream``'s chunks one after another, then record the run: the splits'
@@ -307,13 +318,8 @@ def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], device
     folder = Path(tempfile.mkdtemp(prefix="tamrun-stream-"))
     sink = PredictionSink(folder / PREDICTIONS_FILE) if tracked.enabled and config.tracking.log_predictions else None
     try:
-        if run_chunks is not None:  # elsewhere (`tamrun.jobs.shard`), gathered into totals and sink
-            run_chunks(chunks, totals, sink)
-        for index, chunk in enumerate(chunks if run_chunks is None else [], start=1):
-            log.info("chunk %d of %d: %d groups (resident set %s)", index, len(chunks), len(chunk.groups),
-                     format_size(devices.allocated()))
-            run_chunk(config, specs, devices, chunk, totals, sink)
-            release_chunk()
+        # here, one chunk after another, unless run elsewhere (`tamrun.jobs.shard`) and gathered into both
+        (run_chunks or functools.partial(run_here, config, specs, devices))(chunks, totals, sink)
         if sink is not None:
             sink.close()
         metrics = stream_metrics(stream, totals)
