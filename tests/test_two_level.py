@@ -22,7 +22,7 @@ from tamrun.memory.guard import ChunkLoop, OomLog
 from tamrun.memory.oracle import ChunkPlan, Plan
 from tamrun.memory.tracker import MemoryTracker
 from tamrun.solve.assembly import CgSystem, system_scale
-from tamrun.solve.coarse import accumulate_sources, coarse_correction, coarse_space
+from tamrun.solve.coarse import CoarseCorrection, accumulate_sources, coarse_correction, coarse_space
 from tamrun.solve.dispatcher import Dispatcher
 
 from conftest import synthetic_frame
@@ -65,16 +65,21 @@ def whole_system(batch, design, preconditioner="two_level"):
     return CgSystem(design, batch, groups, torch.device("cpu"), batch.x.shape[1], True, penalty, solver), penalty
 
 
-def test_the_coarse_pieces_equal_the_dense_products(forest_crossing):
+@pytest.mark.parametrize("form", ["per group", "batched"])
+def test_the_coarse_pieces_equal_the_dense_products(forest_crossing, form):
     """Z is 0/1 with disjoint columns; A Z c, (A Z)' y and E^-1 = (Z' A Z)^-1 match the dense
-    matrices to 1e-10 relative (E^-1: 1e-7, E's condition is ~1e6 here)."""
+    matrices to 1e-10 relative (E^-1: 1e-7, E's condition is ~1e6 here); with one matrix per group (the
+    CPU's form) and with the groups' matrices stacked into one batched product (a GPU's form)."""
     batch, design = forest_crossing
     system, penalty = whole_system(batch, design)
     chunk = system.cached[0]
     space = coarse_space(chunk)
     n = system_scale(batch, slice(0, len(batch.groups)), torch.device("cpu")).view(-1, 1, 1)
-    correction = coarse_correction(chunk, accumulate_sources(None, chunk) / n, penalty, JITTER)
-    assert correction is not None
+    sources = accumulate_sources(None, chunk) / n
+    correction = coarse_correction(chunk, sources, penalty, JITTER)
+    assert correction is not None and isinstance(correction.inverse, list)
+    if form == "batched":
+        correction = CoarseCorrection(space, sources, penalty, JITTER, torch.stack(correction.inverse))
     z = space.prolong(torch.eye(space.size, dtype=torch.float64)).T.numpy()  # (D, k)
     assert z.shape == (design.width, space.size)
     assert set(np.unique(z)) == {0.0, 1.0} and (z.sum(axis=1) == 1).all()  # every column in exactly one

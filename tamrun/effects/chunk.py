@@ -31,7 +31,9 @@ def add_gram_(out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group, each into a
     fresh (64-byte aligned) tensor, then added: MKL's GEMM rounds differently with the alignment of
     its output, and out[g]'s alignment depends on the group's place in the chunk. The groups repeat
-    the first one's allocations (`tamrun.memory.sampling`)."""
+    the first one's allocations (`tamrun.memory.sampling`). Off the CPU, one batched product."""
+    if dense.device.type != "cpu":
+        return out.add_(dense.mT @ dense)
     with repeating(("gram", dense.shape, dense.dtype)):
         for group in range(dense.shape[0]):
             out[group] += dense[group].mT @ dense[group]

@@ -30,15 +30,17 @@ converges, tests/test_adaptive.py; forest_fourier: 260 iterations at 20 ms an ap
 271 at 11 ms with A-DEF2.) It needs no product with Phi: per application two (S, D) and two
 (k, k) matrix-vector products per group, two products with P and three segment sums. Memory per group:
 H, kept per group, and its copy while it is split (2 S D), and E, its factor, its inverse and a
-temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. The products run one group at a time on
-fresh operands, so a group's result does not depend on its chunk.
+temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. On the CPU the products run one group at
+a time on fresh operands, so a group's result does not depend on its chunk; on a GPU they are one
+batched product over the chunk's groups (`per_group_products`: one group at a time cost 48 launches
+per product, four products per iteration, and made forest x Fourier's iterations launch-bound).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 
@@ -136,12 +138,25 @@ def coarse_penalty(space: CoarseSpace, chunk: DesignChunk, penalty: BlockPenalty
 ALIGN_BYTES = 64  # torch's CPU allocator aligns every storage to 64 bytes
 
 
-def per_group_products(matrices: List[torch.Tensor], vectors: torch.Tensor) -> torch.Tensor:
-    """(g, m) rows matrices[i] @ vectors[i] for matrices (m, p) and vectors (g, p): one matrix-vector
-    product per group (a batched product takes another path for a chunk of one group), each vector
-    copied to a row of a padded buffer whose rows all start 64-byte aligned, so that a group's
-    rounding does not depend on its place in the chunk (MKL's kernels round by their operands'
-    alignment); each product into a fresh tensor, copied into its row of the result."""
+# One matrix per group: a list of (m, p) matrices on the CPU (`per_group_products`), a (g, m, p) tensor elsewhere.
+GroupMatrices = Union[List[torch.Tensor], torch.Tensor]
+
+
+def group_matrices(stacked: torch.Tensor) -> GroupMatrices:
+    """``stacked`` (g, m, p) as `per_group_products` takes it on its device: on the CPU one fresh (aligned)
+    tensor per group, elsewhere the stacked tensor itself."""
+    return [m.clone() for m in stacked] if stacked.device.type == "cpu" else stacked
+
+
+def per_group_products(matrices: GroupMatrices, vectors: torch.Tensor) -> torch.Tensor:
+    """(g, m) rows matrices[i] @ vectors[i] for matrices (m, p) and vectors (g, p). Given a (g, m, p)
+    tensor (off the CPU), one batched product. Given a list (the CPU), one matrix-vector product per
+    group (a batched product takes another path for a chunk of one group), each vector copied to a row
+    of a padded buffer whose rows all start 64-byte aligned, so that a group's rounding does not depend
+    on its place in the chunk (MKL's kernels round by their operands' alignment); each product into a
+    fresh tensor, copied into its row of the result."""
+    if isinstance(matrices, torch.Tensor):
+        return torch.matmul(matrices, vectors.unsqueeze(-1)).squeeze(-1)
     g, p = vectors.shape
     step = ALIGN_BYTES // vectors.element_size()
     padded = vectors.new_empty(g, -(-p // step) * step)
@@ -162,10 +177,10 @@ class CoarseCorrection:
         system's jitter; inverse: per group E^-1 (k, k).
     """
 
-    def __init__(self, space: CoarseSpace, a_phi: List[torch.Tensor], penalty: BlockPenalty, jitter: float,
-                 inverse: List[torch.Tensor]) -> None:
+    def __init__(self, space: CoarseSpace, a_phi: GroupMatrices, penalty: BlockPenalty, jitter: float,
+                 inverse: GroupMatrices) -> None:
         self.space, self.a_phi, self.penalty, self.jitter, self.inverse = space, a_phi, penalty, jitter, inverse
-        self.a_phi_t = [h.T for h in a_phi]
+        self.a_phi_t = a_phi.mT if isinstance(a_phi, torch.Tensor) else [h.T for h in a_phi]
 
     def a_z(self, c: torch.Tensor) -> torch.Tensor:
         """A Z c (g, D) for c (g, k), without a product with Phi."""
@@ -211,9 +226,7 @@ def coarse_correction(chunk: DesignChunk, a_phi: torch.Tensor, penalty: BlockPen
     if bool((info > 0).any()):
         log.warning("the coarse system Z'AZ is not positive definite: block-Jacobi without the coarse correction")
         return None
-    # one fresh (aligned) tensor per group: see `per_group_products`
-    return CoarseCorrection(space, [h.clone() for h in a_phi], penalty, jitter,
-                            [m.clone() for m in per_group_inverse(factor)])
+    return CoarseCorrection(space, group_matrices(a_phi), penalty, jitter, group_matrices(per_group_inverse(factor)))
 
 
 def two_level_dims(dense_width: int, indexed: List[Tuple[int, int, int]]) -> Tuple[int, int]:

@@ -30,7 +30,10 @@ Preconditioner = Callable[[torch.Tensor], torch.Tensor]
 def per_group_inverse(factor: torch.Tensor) -> torch.Tensor:
     """(L L')^-1 from Cholesky factors (g, ..., K, K), one group at a time: a batched
     cholesky_inverse rounds a group differently with other groups beside it (seen with MKL on AMD
-    CPUs), and a memory cap changes which groups share a chunk (see `tamrun.effects.chunk`)."""
+    CPUs), and a memory cap changes which groups share a chunk (see `tamrun.effects.chunk`). Off the
+    CPU, one batched call."""
+    if factor.device.type != "cpu":
+        return torch.cholesky_inverse(factor)
     return torch.stack([torch.cholesky_inverse(group) for group in factor])
 
 
