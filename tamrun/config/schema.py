@@ -381,7 +381,7 @@ class SolverConfig:
     # bounds it from the memory side.
     direct_max_dim: int = 2048
     # CG stops when ||r_g|| <= tol * ||b_g|| for every group g; None = the dtype's default
-    # (tamrun.solve.cg.DEFAULT_TOL: 1e-6 in float64, 1e-4 in float32).
+    # (tamrun.solve.cg.DEFAULT_TOL: 1e-6 in float64, 1e-5 in float32).
     tol: Optional[float] = None
     # CG's iteration cap per group (a warning names this setting when it is hit).
     max_iter: int = 2000

@@ -17,7 +17,7 @@ from tamrun.memory.sampling import steady
 log = logging.getLogger(__name__)
 
 # Default relative-residual tolerance per dtype (solver.tol=null).
-DEFAULT_TOL = {torch.float64: 1e-6, torch.float32: 1e-4}
+DEFAULT_TOL = {torch.float64: 1e-6, torch.float32: 1e-5}
 
 
 @dataclass(frozen=True)
