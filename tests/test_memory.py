@@ -158,6 +158,16 @@ def test_tensor_meter_counts_new_storages_only():
     assert view.shape == (500, 100) and total.shape == (100,) and again.numel() == 50_000
 
 
+@pytest.mark.parametrize("device_type, counted", [("cpu", 800_000), ("cuda", 0)])
+def test_tensor_meter_counts_only_the_device_it_is_given(device_type, counted):
+    """``device_type`` narrows the count to one kind of device (a GPU's tensors beside the host's)."""
+    from tamrun.memory.meter import TensorMeter
+
+    with TensorMeter(sample=False, device_type=device_type) as meter:
+        kept = torch.ones(1000, 100, dtype=torch.float64)  # on the host
+    assert meter.peak == counted and kept.numel() == 100_000
+
+
 def small_problem() -> ProblemSize:
     return ProblemSize(n_groups=48, n_rows=4000, width=60, itemsize=8, n_predict_rows=400,
                        row=RowBytes(build=8 * 159, store=8 * 60, gram=0, apply=16))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Hashable, Iterator, List, Tuple
+from typing import Dict, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -67,7 +67,8 @@ def creates_storage(func) -> bool:
 
 class TensorMeter(TorchDispatchMode):
     """``with TensorMeter() as meter: ...`` then ``meter.peak`` (bytes); ``meter.live`` is current.
-    ``sample``: count repeated blocks once (`tamrun.memory.sampling`); False meters every operation."""
+    ``sample``: count repeated blocks once (`tamrun.memory.sampling`); False meters every operation.
+    ``device_type``: count only the storages on devices of that type ("cuda"); None: every device."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -76,9 +77,9 @@ class TensorMeter(TorchDispatchMode):
         so there is nothing for dynamo to skip. (TorchDispatchMode's documented opt-out.)"""
         return False
 
-    def __init__(self, sample: bool = True) -> None:
+    def __init__(self, sample: bool = True, device_type: Optional[str] = None) -> None:
         super().__init__()
-        self.sample = sample
+        self.sample, self.device_type = sample, device_type
         self._storages: Dict[Tuple[torch.device, int], Tuple[StorageWeakRef, int]] = {}
         self._bound = 0  # live plus the bytes of charged storages freed since the last sweep
         self.peak = 0
@@ -128,7 +129,8 @@ class TensorMeter(TorchDispatchMode):
 
     def _charge(self, results) -> None:
         for leaf in results:
-            if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+            if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided and (
+                    self.device_type is None or leaf.device.type == self.device_type):
                 storage = leaf.untyped_storage()
                 nbytes = storage.nbytes()
                 key = (storage.device, storage.data_ptr())
