@@ -25,8 +25,9 @@ from tamrun.config.schema import AdaptiveMethod, Config, ExpertConfig, KalmanSta
 from tamrun.config.store import register_configs
 from tamrun.errors import ConfigError
 
-# The run's own settings every expert takes (the experts forecast the same rows the same way).
-SHARED = ("data", "split", "hw", "memory", "dtype", "seed", "progress")
+# The run's own settings every expert takes (the experts forecast the same rows the same way, on the
+# machine classes and prices of the run: its cost is theirs).
+SHARED = ("data", "split", "hw", "memory", "dtype", "seed", "progress", "tco")
 # What may differ between the experts of one family.
 OWN = ("mode", "adaptive", "objective", "more_objectives", "tracking", "aggregate")
 
