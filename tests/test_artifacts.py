@@ -222,3 +222,25 @@ def test_the_best_run_is_registered_with_an_alias_that_loads_its_model(cg_run, m
     in_process = expected.loc[list(zip(test_frame["date"], test_frame["g"]))].to_numpy()
     np.testing.assert_allclose(loaded.predict(test_frame[["g", "x", "dow"]])["predicted"], in_process, rtol=1e-8,
                                atol=1e-9)
+
+
+def test_a_source_checkout_not_installed_declares_the_pyprojects_dependencies(monkeypatch):
+    """tamrun on PYTHONPATH without being installed (no metadata: a GPU machine without a package index)
+    still logs a model: its dependencies are read from the pyproject.toml beside the package."""
+    import importlib.metadata as metadata
+    import tomllib
+    from pathlib import Path
+
+    import tamrun
+    from tamrun.tracking.pyfunc_model import declared_dependencies, requirements
+
+    declared = tomllib.loads((Path(tamrun.__file__).parent.parent / "pyproject.toml").read_text())["project"]
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "requires", not_installed)
+    assert declared_dependencies() == declared["dependencies"]
+    pins = requirements()
+    assert any(pin.startswith("torch==") for pin in pins) and any(pin.startswith("mlflow==") for pin in pins)
+    assert any(pin.startswith("numpy==") for pin in pins)

@@ -102,15 +102,33 @@ def package_code(folder: Path) -> Path:
     return target
 
 
+def declared_dependencies() -> List[str]:
+    """tamrun's declared dependencies: its installed metadata, else (a source checkout on PYTHONPATH, not
+    installed) the ``[project] dependencies`` of the pyproject.toml beside the package; [] without either."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        return list(requires("tamrun") or [])
+    except PackageNotFoundError:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            return []
+        pyproject = Path(tamrun.__file__).parent.parent / "pyproject.toml"
+        if not pyproject.is_file():
+            return []
+        return list(tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", []))
+
+
 def requirements() -> List[str]:
     """tamrun's own dependencies (not its extras) pinned at this environment's versions, torch's build
     taken from `TORCH_CPU_INDEX` (a local version such as +cpu dropped: pip prefers that index's CPU
     build of the same version). tamrun itself is not among them: its code travels with the model."""
-    from importlib.metadata import requires, version
+    from importlib.metadata import version
 
     from packaging.requirements import Requirement
 
-    names = [Requirement(line).name for line in requires("tamrun") or [] if "extra ==" not in line]
+    names = [Requirement(line).name for line in declared_dependencies() if "extra ==" not in line]
     pins = [f"{name}=={version(name).split('+')[0]}" for name in sorted(set(names) | {"mlflow", "torch"})]
     return [f"--extra-index-url {TORCH_CPU_INDEX}", *pins]
 
