@@ -122,10 +122,12 @@ def test_the_test_period_reaches_no_choice_and_no_day_sees_its_own_truth(compose
 
     for name, change in (("scaled.csv", scaled), ("shifted.csv", shifted)):
         other = run(compose_cfg(*aggregate_overrides(with_targets(csv_path, tmp_path, name, change)), "tracking=none"))
+        # equal up to the order a GPU adds in (bitwise on the CPU)
         for metric in ("rmse_validation", "aggregate_candidates", "aggregate_gradient", "aggregate_per_group"):
-            assert other.metrics[metric] == base.metrics[metric]
+            assert other.metrics[metric] == pytest.approx(base.metrics[metric], rel=1e-12)
         for expert_name in ("static", "slow", "fast", "spline_only"):
-            assert other.metrics[f"rmse_validation_{expert_name}"] == base.metrics[f"rmse_validation_{expert_name}"]
+            key = f"rmse_validation_{expert_name}"
+            assert other.metrics[key] == pytest.approx(base.metrics[key], rel=1e-12)
         before = base.predictions["date"] < (day + pd.Timedelta(days=1) if name == "shifted.csv" else test_start)
         columns = ["aggregate", "static", "slow", "fast", "spline_only"]
         pd.testing.assert_frame_equal(other.predictions.loc[before, columns], base.predictions.loc[before, columns])
@@ -179,7 +181,11 @@ def test_selected_experts_are_chosen_on_the_validation_period_and_aggregate_as_a
     other = run(compose_cfg(*aggregate_overrides(with_targets(csv_path, tmp_path, "scaled.csv", scaled),
                                                  "aggregate.select_experts=true", poor)))
     other_steps = json.loads(artifact(client, other.run_id, "aggregate/selection.json", tmp_path / "b").read_text())
-    assert other_steps["pruning"] == steps
+    # the same steps, each step's score equal up to the order a GPU adds in (bitwise on the CPU)
+    assert [{**step, "rmse_validation": None} for step in other_steps["pruning"]] == [
+        {**step, "rmse_validation": None} for step in steps]
+    assert [step["rmse_validation"] for step in other_steps["pruning"]] == pytest.approx(
+        [step["rmse_validation"] for step in steps], rel=1e-12)
 
 
 def test_the_packaged_experiments_compose_every_expert_with_the_runs_split(compose_cfg):

@@ -106,6 +106,7 @@ def test_the_commands_left_out_are_exactly_the_two_named():
     assert sum(c.startswith("mlflow ui") for c in commands) == 1
 
 
+@pytest.mark.index
 def test_every_readme_command_runs_as_written_in_a_fresh_copy(ran):
     clone, results = ran
     failed = {c: (r.returncode, (r.stdout + r.stderr)[-3000:]) for c, r in results.items() if r.returncode != 0}
@@ -123,6 +124,7 @@ def port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.index
 def test_mlflow_ui_serves_the_runs_at_the_link_the_readme_names(ran):
     clone, _ = ran
     command = next(c for c in readme_commands() if c.startswith("mlflow ui"))

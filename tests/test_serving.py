@@ -96,6 +96,7 @@ def test_the_run_s_model_serves_csv_and_json_rows_with_dates_as_text(national, t
         assert "temperature_smooth_950" in str(refused.value)  # the column named
 
 
+@pytest.mark.index
 def test_the_model_serves_from_the_environment_mlflow_builds_from_its_own_requirements(national, tmp_path):
     """`mlflow models serve --env-manager virtualenv`: MLflow makes a new virtual environment (its root in
     MLFLOW_ENV_ROOT) and pip installs the model's requirements.txt there (an unreachable index is tried once,

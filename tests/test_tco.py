@@ -5,6 +5,7 @@ and in `python -m tamrun.compare`, and a price of zero or less is refused naming
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -91,7 +92,7 @@ def test_a_chunked_class_time_carries_the_measured_chunking_overhead():
 
 
 def test_the_cost_is_in_the_run_and_in_compare(compose_cfg, csv_path, store_uri, tmp_path, capsys):
-    extra = [HOST, gpu_class("small", 512 * MIB, price=0.01)]
+    extra = [HOST, gpu_class("small", 512 * MIB, price=0.01), "tracking.run_name='custom-csv on a gpu'"]  # a name with spaces, as on a GPU
     result = run(compose_cfg(*csv_overrides(csv_path), *QUICK, *extra))
     client = MlflowClient(store_uri)
     recorded = client.get_run(result.run_id).data
@@ -112,9 +113,9 @@ def test_the_cost_is_in_the_run_and_in_compare(compose_cfg, csv_path, store_uri,
     compare(["--store", store_uri, "--sort", "cost_usd"])  # in-process: tests/test_compare.py runs the command
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("best"))
-    columns = header.split()
+    columns = re.split(" {2,}", header)  # cells are set apart by two spaces or more; a run's name has one
     assert columns.index("cost_usd") == columns.index("mape_test") + 1  # accuracy beside cost
-    row = lines[lines.index(header) + 1].split()
+    row = re.split(" {2,}", lines[lines.index(header) + 1])
     assert row[0] == "*" and float(row[columns.index("cost_usd")]) == pytest.approx(
         metrics["cost_usd"], rel=1e-3)
 
