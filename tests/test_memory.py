@@ -93,6 +93,17 @@ def test_route_rule_follows_the_waterfall_thresholds():
     assert capped.route(small, free=10**12)[0] == "cg"  # the user's limit caps the free memory
 
 
+def test_a_gpu_chunk_is_bounded_by_the_budget_alone_and_the_cpus_by_max_chunk_rows():
+    """memory.max_chunk_rows (1,024) caps a chunk's rows on the CPU; on a GPU memory.max_chunk_rows_gpu (None:
+    every chunk costs launches in each CG product) leaves the rows to the budget, and a value caps them."""
+    row = RowBytes(build=8 * 110, store=8 * 50, gram=0, apply=16)
+    size = ProblemSize(n_groups=48, n_rows=4000, width=50, itemsize=8, row=row)
+    assert MemoryOracle(MemoryConfig(), limit=None, on_gpu=False).plan(size, free=10**12).fit.rows == 1024
+    assert MemoryOracle(MemoryConfig(), limit=None, on_gpu=True).plan(size, free=10**12).fit.rows == 4000
+    capped = MemoryOracle(MemoryConfig(max_chunk_rows_gpu=2000), limit=None, on_gpu=True)
+    assert capped.plan(size, free=10**12).fit.rows == 2000
+
+
 def test_dual_form_when_a_group_has_fewer_rows_than_columns():
     oracle = MemoryOracle(MemoryConfig(max_dense_dim=100), limit=None, on_gpu=False)
     row = RowBytes(build=8 * 110, store=8 * 50, gram=0, apply=16)

@@ -92,6 +92,8 @@ SETTINGS: Dict[str, Range] = {
     "memory.overhead_factor": Range(1, 1000, what="the overhead factor"),
     "memory.max_chunk_rows": Range(1, INT64_MAX, what="the most rows of a chunk",
                                    fix="set memory.max_chunk_rows=null"),
+    "memory.max_chunk_rows_gpu": Range(1, INT64_MAX, what="the most rows of a chunk",
+                                       fix="set memory.max_chunk_rows_gpu=null"),
     "memory.min_chunk_rows": Range(1, INT64_MAX, what="a number of rows"),
     "data.read_chunk_rows": Range(1, INT64_MAX, what="the rows read at a time"),
     "memory.oom.max_retries": Range(0, 50, what="the number of retries"),

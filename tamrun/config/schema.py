@@ -343,9 +343,13 @@ class MemoryConfig:
     # data too, so a table larger than it streams as well (on the CPU the limit otherwise bounds the fit's
     # working memory only).
     data_in_limit: bool = False
-    # Rows per design chunk never exceed this: a smaller chunk holds less of Phi at once at no cost
-    # in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
+    # Rows per design chunk never exceed this on the CPU: a smaller chunk holds less of Phi at once at no
+    # cost in speed (the Gram is accumulated chunk by chunk); None = as many rows as the budget allows.
     max_chunk_rows: Optional[int] = 1024
+    # The same cap on a GPU. There every chunk costs its kernels' launches in each CG product (forest x
+    # Fourier on an H200: 4 chunks of 1,024 rows, 194 launches and 3.1 ms an iteration for 1.1 ms of
+    # kernels, docs/benchmarks.md), so the budget alone bounds a chunk.
+    max_chunk_rows_gpu: Optional[int] = None
     # A chunk keeps all groups while this many rows (or all rows, if fewer) of every group fit;
     # below that it holds fewer groups (the chunk selector, tamrun/memory/footprint.py). A CG chunk
     # never holds fewer rows (each product goes over every chunk): below it the plan refuses.

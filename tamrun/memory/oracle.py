@@ -157,7 +157,7 @@ class MemoryOracle:
     Args:
         cfg: the memory config (waterfall fractions, D threshold, limit, overhead factor).
         limit: the user's limit in bytes (parsed ``cfg.limit``), or None.
-        on_gpu: selects the GPU or CPU chunk fraction.
+        on_gpu: selects the GPU or CPU chunk fraction and row cap (memory.max_chunk_rows_gpu / max_chunk_rows).
         direct_max_dim: solver.direct_max_dim, the largest system solver=auto factors for speed (the
             memory's own threshold is memory.max_dense_dim; the smaller one binds).
     """
@@ -168,6 +168,7 @@ class MemoryOracle:
         self.direct_max_dim = direct_max_dim
         self.limit = limit
         self.chunk_fraction = cfg.chunk_fraction_gpu if on_gpu else cfg.chunk_fraction_cpu
+        self.max_chunk_rows = cfg.max_chunk_rows_gpu if on_gpu else cfg.max_chunk_rows
 
     def capped_free(self, free: int, held: int = 0) -> int:
         """Free memory seen through the user's limit: min(free, limit - held), ``held`` the bytes
@@ -257,7 +258,7 @@ class MemoryOracle:
         product goes over every chunk (rebuilding each one when the design is not kept), so a chunk of a
         few rows multiplies the per-chunk work by thousands: a run planned so was still fitting after 10
         minutes where the uncapped fit takes seconds. Below this, the plan refuses and names the limit."""
-        return max(1, min(row_cap(size.n_rows, self.cfg.max_chunk_rows), self.cfg.min_chunk_rows))
+        return max(1, min(row_cap(size.n_rows, self.max_chunk_rows), self.cfg.min_chunk_rows))
 
     def fit_chunk(self, size: ProblemSize, route: str, dual: bool, budget: int, minimal: int,
                   bound: Limit) -> Tuple[ChunkPlan, bool, StepCost, StepCost]:
@@ -280,7 +281,7 @@ class MemoryOracle:
         fit_cost, predict_cost = self.costs(size, route, cache, dual)
         fit = pick_chunk(size.n_groups, size.n_rows,
                          fit_cost.fixed, fit_cost.per_row, budget, self.cfg.overhead_factor, self.cfg.min_chunk_rows,
-                         self.cfg.max_chunk_rows, "fit", minimal, bound, least)
+                         self.max_chunk_rows, "fit", minimal, bound, least)
         return fit, cache, fit_cost, predict_cost
 
     def stream_chunk(self, n_groups: int, n_rows: int, group_rows: int, row_bytes: int, free: int,
@@ -333,7 +334,7 @@ class MemoryOracle:
         left = budget - held
         build_cost, score_cost = gcv_build_cost(size), StepCost(gcv_score_bytes(size), 0)
         build = pick_chunk(groups, size.n_rows, build_cost.fixed, build_cost.per_row, left, overhead,
-                           self.cfg.min_chunk_rows, self.cfg.max_chunk_rows, "GCV Gram", minimal, bound)
+                           self.cfg.min_chunk_rows, self.max_chunk_rows, "GCV Gram", minimal, bound)
         # a score has no rows: one "row" of 0 bytes more keeps the one chunk selector
         score = pick_chunk(groups, 1, score_cost.fixed, 1, left, overhead, 1, 1, "GCV score", minimal, bound)
         score = ChunkPlan(score.groups, 0, score_cost.bytes(score.groups, 0, overhead))
@@ -366,7 +367,7 @@ class MemoryOracle:
             route, dual = "cg", False  # the dense system fits, but not with its smallest chunk of rows
             reason = f"the direct route's smallest chunk does not fit the budget of {format_size(budget)}"
             fit, cache, fit_cost, predict_cost = self.fit_chunk(size, route, dual, budget, minimal, bound)
-        overhead, max_rows, min_rows = self.cfg.overhead_factor, self.cfg.max_chunk_rows, self.cfg.min_chunk_rows
+        overhead, max_rows, min_rows = self.cfg.overhead_factor, self.max_chunk_rows, self.cfg.min_chunk_rows
         output = self.predict_output_bytes(size)
         chunk = pick_chunk(size.n_groups, max(size.n_rows, size.n_predict_rows), predict_cost.fixed,
                            predict_cost.per_row, max(0, budget - output), overhead, min_rows, max_rows, "predict",
