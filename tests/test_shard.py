@@ -59,7 +59,7 @@ def test_groups_sharded_over_a_two_node_ray_cluster_equal_one_machine(compose_cf
     assert (left[["split", "date", "group"]] == right[["split", "date", "group"]]).all().all()
     for column in left.columns.drop(["split", "date", "group"]):
         assert np.allclose(right[column], left[column], rtol=RELATIVE, atol=0), column
-    record = mlflow.get_run(sharded.run_id)
+    record = mlflow.MlflowClient(store_uri).get_run(sharded.run_id)
     assert record.info.status == "FINISHED"
     assert record.data.tags["shard"] == f"ray: {GROUPS // GROUPS_PER_TASK} tasks of up to {GROUPS_PER_TASK} groups"
     assert record.data.params["shard.over"] == "ray"
