@@ -27,12 +27,19 @@ def jittered_factor(matrix: torch.Tensor, jitter: float) -> torch.Tensor:
     return torch.linalg.cholesky(matrix + jitter * eye)
 
 
+def one_group_at_a_time(tensor: torch.Tensor) -> bool:
+    """Whether per-group products on ``tensor``'s device run one group at a time: on the CPU, where MKL
+    rounds by its operands' alignment and a group's result must not depend on its place in the chunk; off
+    it one batched call, as one group at a time costs a launch per group."""
+    return tensor.device.type == "cpu"
+
+
 def add_gram_(out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group, each into a
     fresh (64-byte aligned) tensor, then added: MKL's GEMM rounds differently with the alignment of
     its output, and out[g]'s alignment depends on the group's place in the chunk. The groups repeat
     the first one's allocations (`tamrun.memory.sampling`). Off the CPU, one batched product."""
-    if dense.device.type != "cpu":
+    if not one_group_at_a_time(dense):
         return out.add_(dense.mT @ dense)
     with repeating(("gram", dense.shape, dense.dtype)):
         for group in range(dense.shape[0]):

@@ -44,7 +44,7 @@ from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 
-from tamrun.effects.chunk import BlockPenalty, DesignChunk
+from tamrun.effects.chunk import BlockPenalty, DesignChunk, one_group_at_a_time
 from tamrun.effects.indexed import IndexedBlock
 from tamrun.memory.sampling import repeating, steady
 from tamrun.solve.preconditioners import Preconditioner, per_group_inverse
@@ -145,7 +145,7 @@ GroupMatrices = Union[List[torch.Tensor], torch.Tensor]
 def group_matrices(stacked: torch.Tensor) -> GroupMatrices:
     """``stacked`` (g, m, p) as `per_group_products` takes it on its device: on the CPU one fresh (aligned)
     tensor per group, elsewhere the stacked tensor itself."""
-    return [m.clone() for m in stacked] if stacked.device.type == "cpu" else stacked
+    return [m.clone() for m in stacked] if one_group_at_a_time(stacked) else stacked
 
 
 def per_group_products(matrices: GroupMatrices, vectors: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from tamrun.effects.chunk import BlockPenalty
+from tamrun.effects.chunk import BlockPenalty, one_group_at_a_time
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def per_group_inverse(factor: torch.Tensor) -> torch.Tensor:
     cholesky_inverse rounds a group differently with other groups beside it (seen with MKL on AMD
     CPUs), and a memory cap changes which groups share a chunk (see `tamrun.effects.chunk`). Off the
     CPU, one batched call."""
-    if factor.device.type != "cpu":
+    if not one_group_at_a_time(factor):
         return torch.cholesky_inverse(factor)
     return torch.stack([torch.cholesky_inverse(group) for group in factor])
 
