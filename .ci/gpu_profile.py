@@ -14,9 +14,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from tamrun.config.load import config_dir, typed_config
 from tamrun.config.store import register_configs
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.memory.guard import ChunkLoop, OomLog, oom_settings
-from tamrun.memory.tracker import MemoryTracker
+from tamrun.machine.tracker import MemoryTracker
 from tamrun.pipeline import DTYPES, fit_model, load_splits
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
@@ -25,7 +25,7 @@ SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynch
 
 def fitter(model, session: ExitStack):
     """A fit of ``model`` on cuda, its data read inside the device's session as a run reads it (the GPU
-    libraries warm meanwhile: `tamrun.device.libraries_warming`)."""
+    libraries warm meanwhile: `tamrun.device.manager.libraries_warming`)."""
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={model}", "hw=cuda", "tracking=none"])

@@ -6,7 +6,7 @@ TAMRUN_DEBUG=1); 130 / 143 interrupted by SIGINT / SIGTERM (the MLflow run is ma
 internal error (a bug: the line ``tamrun: internal error: <type>: <message> (a bug of tamrun's; traceback
 in <the job's log>)``, the run FAILED). A multirun's jobs run whatever another did; it exits 1 when a job
 ended on an internal error, else 2 when one did not finish, and its last line says which and why. Every
-error is named once, by `tamrun.outcome`: in the job that raised it (`job_failed`), or here when it came
+error is named once, by `tamrun.process.outcome`: in the job that raised it (`job_failed`), or here when it came
 from Hydra or from around the jobs.
 """
 
@@ -17,44 +17,44 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from tamrun.collector import ImportPause
-from tamrun.outcome import errors_raised, multirun_asked, outside_job, verbose_asked
-from tamrun.run_folder import RUN_TAG, new_run_tag
-from tamrun.threads import CpuClock, apply_wait_policy
+from tamrun.process.collector import ImportPause
+from tamrun.process.outcome import errors_raised, multirun_asked, outside_job, verbose_asked
+from tamrun.process.run_folder import RUN_TAG, new_run_tag
+from tamrun.machine.threads import CpuClock, apply_wait_policy
 
 if TYPE_CHECKING:
-    from tamrun.tracking.sweep_failures import JobFailure
+    from tamrun.sweeps.sweep_failures import JobFailure
 
 
 def run_job(cfg, failed: List[JobFailure], imports: Optional[ImportPause] = None,
             started: Optional[CpuClock] = None) -> Any:
     """One job of ``python -m tamrun`` (one run, or one job of a multirun): its objective for the
-    sweeper (a list with ``more_objectives``: `tamrun.tracking.sweep.objective_names`). Bad input exits 2 with one message, an internal error exits 1 (`job_failed`); in a multirun
+    sweeper (a list with ``more_objectives``: `tamrun.sweeps.sweep.objective_names`). Bad input exits 2 with one message, an internal error exits 1 (`job_failed`); in a multirun
     the job fails alone (appended to ``failed``, NaN to the sweeper) and the sweep goes on. ``imports``:
     the entry point's pause of the garbage collector, settled once the run has loaded its libraries;
     ``started``: the command's first reading of the CPU clocks, from which the load at start is read to
-    choose how torch's threads wait, before torch loads (`tamrun.threads.apply_wait_policy`)."""
+    choose how torch's threads wait, before torch loads (`tamrun.machine.threads.apply_wait_policy`)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from tamrun.errors import ConfigError
-    from tamrun.tracking.sweep import failed_objective, objective_names, sweep_run_name, sweep_tags
+    from tamrun.sweeps.sweep import failed_objective, objective_names, sweep_run_name, sweep_tags
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     if multirun:  # the parent's summary lists every job that started, whatever becomes of it
-        from tamrun.tracking.sweep_files import mark_started
+        from tamrun.tracking.sweep_record.sweep_files import mark_started
 
         mark_started(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides)
     tags = sweep_tags(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides) if multirun else {}
     name = sweep_run_name(hydra_cfg.sweep.dir, hydra_cfg.job.num, overrides, cfg) if multirun else None
     label = parallel_job_label(hydra_cfg, name)
     if label is not None:  # the jobs' lines interleave on one console: each says whose it is
-        from tamrun.joblog import label_console_lines
+        from tamrun.process.joblog import label_console_lines
 
         label_console_lines(label)
-    apply_wait_policy(started, jobs_at_once=label is not None)  # before torch loads (tamrun/threads.py)
+    apply_wait_policy(started, jobs_at_once=label is not None)  # before torch loads (tamrun/machine/threads.py)
     from tamrun.runner import run
 
     try:
@@ -87,10 +87,10 @@ def run_folder(output_dir: str) -> str:
 
 def parallel_job_label(hydra_cfg: Any, name: Optional[str]) -> Optional[str]:
     """``[#<job> <run name>]`` for a job of a multirun whose launcher runs jobs at once
-    (`tamrun.joblog.job_label`); None otherwise."""
+    (`tamrun.process.joblog.job_label`); None otherwise."""
     from hydra.types import RunMode
 
-    from tamrun.joblog import job_label, runs_jobs_at_once
+    from tamrun.process.joblog import job_label, runs_jobs_at_once
 
     if hydra_cfg.mode != RunMode.MULTIRUN or name is None:
         return None
@@ -101,17 +101,17 @@ def parallel_job_label(hydra_cfg: Any, name: Optional[str]) -> Optional[str]:
 def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], name: Optional[str]) -> JobFailure:
     """Report the error that ended a job, from inside its ``except`` block. Bad input (a `TamrunError`):
     its one line (the traceback too under ``hydra.verbose=true`` or TAMRUN_DEBUG=1). Anything else is a
-    bug: its traceback in the job's log (`tamrun.joblog`) and one line naming it and that log (a single
+    bug: its traceback in the job's log (`tamrun.process.joblog`) and one line naming it and that log (a single
     run also prints the traceback). A single run then exits, 2 or 1; a multirun's job records a FAILED
     run if the error ended none, and the sweep goes on."""
     from hydra.types import RunMode
 
     from tamrun.errors import TamrunError, error_kind, internal_error_line
-    from tamrun.joblog import log_internal_error
-    from tamrun.outcome import job_places, named
+    from tamrun.process.joblog import log_internal_error
+    from tamrun.process.outcome import job_places, named
     from tamrun.redact import redacted_traceback
-    from tamrun.tracking.sweep import hold_open_run, record_failed_job
-    from tamrun.tracking.sweep_failures import job_failure
+    from tamrun.sweeps.sweep import hold_open_run, record_failed_job
+    from tamrun.sweeps.sweep_failures import job_failure
 
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     verbose = hydra_cfg.verbose or os.environ.get("TAMRUN_DEBUG")
@@ -140,13 +140,13 @@ def job_failed(exc: Exception, cfg: Any, hydra_cfg: Any, tags: Dict[str, str], n
 def main(argv: Optional[List[str]] = None) -> None:
     """Run with ``argv`` (default: the command line's arguments)."""
     clock = CpuClock.read()  # the load from here to torch's import chooses how its threads wait
-    imports = ImportPause()  # until the job's libraries are loaded (tamrun/collector.py)
+    imports = ImportPause()  # until the job's libraries are loaded (tamrun/process/collector.py)
     # pyarrow's default pool (mimalloc), which pandas reads through, reserves 1 GiB of address space at
     # its first use (an import below may be it): under ulimit -v it would take the run's room (docs/memory.md)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     # MLflow draws a download bar when it checks the logged model's input example (a local copy)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    os.environ[RUN_TAG] = new_run_tag()  # this command's Hydra folders (tamrun/run_folder.py)
+    os.environ[RUN_TAG] = new_run_tag()  # this command's Hydra folders (tamrun/process/run_folder.py)
     import hydra
     from omegaconf import DictConfig
 
@@ -171,14 +171,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         with redacted_output(), errors_raised() as own_full_error:  # Hydra raises what it would print
             app()
         if failed:  # jobs run in this process, no parent run to count them (SweepCallback counts the others)
-            from tamrun.tracking.sweep_failures import failure_exit_code, failure_line
+            from tamrun.sweeps.sweep_failures import failure_exit_code, failure_line
 
             sys.stderr.write(failure_line(failed, len(started)))
             raise SystemExit(failure_exit_code(failed))
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP as tamrun.tracking.signals.Terminated
         sys.stderr.write(f"tamrun: interrupted ({exc or 'SIGINT'}); the MLflow run, if started, is marked KILLED\n")
         raise SystemExit(exit_code(exc)) from None
-    except (Exception, Abort) as exc:  # Hydra's own, or around the jobs: named here (tamrun/outcome.py)
+    except (Exception, Abort) as exc:  # Hydra's own, or around the jobs: named here (tamrun/process/outcome.py)
         lines, code = outside_job(exc, bool(started), multirun_asked(sys.argv[1:]),
                                   verbose_asked(sys.argv[1:], own_full_error))
         sys.stderr.write(lines)

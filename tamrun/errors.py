@@ -4,7 +4,7 @@ Every subclass of `TamrunError` ends a command-line run with exit code 2 and one
 message, without a traceback; anything else is an internal error (a bug of tamrun's, or of a library
 under it): exit code 1, one line naming it (`internal_error_line`) and its traceback in the job's log.
 A `FilesystemError` (a folder or file that cannot be created or written, a full disk) is bad input too:
-the entry point names it (`tamrun.filesystem`), whatever raised it.
+the entry point names it (`tamrun.process.filesystem`), whatever raised it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tamrun.redact import redacted
 
 INTERNAL = "internal"  # the kind (`error_kind`) of an exception that is not a TamrunError
 INTERRUPTED = "interrupted"  # the kind of a KeyboardInterrupt (SIGINT, or SIGTERM/SIGHUP as Terminated)
-LOST = "lost"  # a sweep job whose process was lost (its worker or node died: tamrun.tracking.lost_jobs)
+LOST = "lost"  # a sweep job whose process was lost (its worker or node died: tamrun.sweeps.lost_jobs)
 
 LONGEST_VALUE = 160  # characters of a value's repr a message shows (a 5000-character path is cut)
 

@@ -5,7 +5,7 @@
     plan_memory(config, features, devices)              -> Plan (the oracle's route and chunks)
     solve(config, features, plan, devices, loop, recipe) -> Fit (the fitted model, its plan and statistics;
                                                            with model.penalties=gcv the penalties are
-                                                           chosen first, `tamrun.solve.gcv`)
+                                                           chosen first, `tamrun.fit.gcv`)
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
 from tamrun.data.load import frame_bytes, read_table
 from tamrun.data.parquet import DateWindow
 from tamrun.data.split import carve_validation, split_by_date
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.effects.crossing import ForestCrossingEffect
 from tamrun.effects.design import AdditiveDesign, needed_columns
 from tamrun.effects.registry import build_effects
 from tamrun.errors import ConfigError, DataError, NumericalError
-from tamrun.evaluate import predictions_table
-from tamrun.fitted import FittedModel, predict_rows
+from tamrun.fit.evaluate import predictions_table
+from tamrun.fit.fitted import FittedModel, predict_rows
 from tamrun.memory.footprint import ProblemSize, problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
-from tamrun.placement import HOST
+from tamrun.machine.placement import HOST
 from tamrun.solve.cg import CgCallback, no_cg_progress
-from tamrun.solve.dispatcher import Dispatcher
-from tamrun.solve.gcv import GcvSelection, select_penalties
+from tamrun.fit.dispatcher import Dispatcher
+from tamrun.fit.gcv import GcvSelection, select_penalties
 from tamrun.solve.stats import FitStats
 
 log = logging.getLogger(__name__)

@@ -2,9 +2,9 @@
 
 `redacted(text)` is the only function that decides; every place that writes text outside the process goes
 through it: the errors' messages (`tamrun.errors`), the log lines of every handler Hydra configures
-(`RedactFilter`, put on them by `tamrun.hydra_files`), the MLflow params, tags
+(`RedactFilter`, put on them by `tamrun.process.hydra_files`), the MLflow params, tags
 and text artifacts (`tamrun.tracking.mlflow_run`), Hydra's own files
-(`tamrun.hydra_files`) and what is handed to Ray (`tamrun.ray_env`). What it replaces by ``***``:
+(`tamrun.process.hydra_files`) and what is handed to Ray (`tamrun.cluster.env`). What it replaces by ``***``:
 
 - the password of a URI, ``scheme://user:password@host``: everything between the user's ``:`` and the
   last ``@`` before the host, ``/``, ``:`` and ``?`` included (``postgresql://u:pa/ss@h/db``);
@@ -93,7 +93,7 @@ def redacted_traceback(error: BaseException) -> str:
 
 class RedactFilter(logging.Filter):
     """A handler's filter that redacts each record's message (arguments merged in) and its exception's
-    text before the handler formats it (`tamrun.hydra_files` puts it on Hydra's and the job's handlers)."""
+    text before the handler formats it (`tamrun.process.hydra_files` puts it on Hydra's and the job's handlers)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -18,7 +18,7 @@ from tamrun.adaptive.job import adaptive_job
 from tamrun.aggregate.job import aggregate_job
 from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName, ShardOver
-from tamrun.device import DeviceManager, resolved_kind
+from tamrun.device.manager import DeviceManager, resolved_kind
 from tamrun.errors import note_run
 from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
@@ -28,11 +28,11 @@ from tamrun.jobs.result import RunResult
 from tamrun.jobs.shard import shard_job
 from tamrun.jobs.stream import stream_job, stream_plan
 from tamrun.pipeline import DTYPES
-from tamrun.threads import applied_wait_policy
+from tamrun.machine.threads import applied_wait_policy
 from tamrun.tracking.mlflow_run import TrackedRun, close_stale_runs_of
 from tamrun.tracking.params import experiment_params
 from tamrun.tracking import run_names
-from tamrun.tracking.sweep import objective_name
+from tamrun.sweeps.sweep import objective_name
 from tamrun.tracking.source import source_tags
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
     (a sweep job's sweep id and parent run); ``run_name`` names it (default: `plain_run_name`, numbered
     when the experiment has a run of that name; a sweep job's: its swept values; ``tracking.run_name``
     wins over both). ``libraries_loaded`` is called
-    once the run has imported every library it uses, before its data is read (`tamrun.collector`).
+    once the run has imported every library it uses, before its data is read (`tamrun.process.collector`).
     ``folder``: the command's run folder (Hydra's output_dir), which the run's last line names.
 
     Raises:
@@ -127,7 +127,7 @@ def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
 
 def thread_tags(devices: DeviceManager) -> Dict[str, str]:
     """``threads`` (torch's intra-op threads on the CPU), ``threads_reason`` (the rule that chose them,
-    `tamrun.threads`) and ``omp_wait`` (how they wait between parallel regions, `applied_wait_policy`);
+    `tamrun.machine.threads`) and ``omp_wait`` (how they wait between parallel regions, `applied_wait_policy`);
     none off the CPU."""
     if devices.threads is None:
         return {}

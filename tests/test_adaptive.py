@@ -18,7 +18,7 @@ from tamrun.errors import ConfigError
 from tamrun.pipeline import build_features, load_splits
 from tamrun.runner import run
 import tamrun.adaptive.fit
-import tamrun.solve.dispatcher
+import tamrun.fit.dispatcher
 from tamrun.solve.assembly import solve_normal_equations as real_solve
 
 from conftest import PRICED, assert_priced, by_name, csv_overrides
@@ -126,7 +126,7 @@ def test_faked_ooms_shrink_the_window_batches_and_mlflow_records_the_run(compose
         return real_solve(gram, *args, **kwargs)
 
     monkeypatch.setenv("OOM_DELAY_MS", "0")
-    for module in (tamrun.solve.dispatcher, tamrun.adaptive.fit):  # the static fit's and the windows' solves
+    for module in (tamrun.fit.dispatcher, tamrun.adaptive.fit):  # the static fit's and the windows' solves
         monkeypatch.setattr(module, "solve_normal_equations", solve_normal_equations)
     result = run(compose_cfg(*NATIONAL, *PRICED))
     assert [s // 48 for s in sizes[1:5]] == [12, 8, 5, 3]  # sizes[0]: the static fit's 48 groups

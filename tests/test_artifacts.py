@@ -11,11 +11,11 @@ from matplotlib.image import imread
 from mlflow.tracking import MlflowClient
 
 from tamrun.config.load import typed_config
-from tamrun.effects.partial import partial_effect_curves
+from tamrun.fit.partial import partial_effect_curves
 from tamrun.errors import DataError
 from tamrun.pipeline import load_splits
 from tamrun.runner import run
-from tamrun.tracking.plots import (box_statistics, line_envelope, residual_period, residuals_by_period_figure)
+from tamrun.tracking.artifacts.plots import (box_statistics, line_envelope, residual_period, residuals_by_period_figure)
 
 from conftest import csv_overrides
 
@@ -89,9 +89,9 @@ def test_partial_effects_recover_the_true_curve():
     from tamrun.config.effects import parse_effects
     from tamrun.config.schema import Config
     from tamrun.data.derive import DataRecipe
-    from tamrun.device import DeviceManager
+    from tamrun.device.manager import DeviceManager
     from tamrun.memory.guard import ChunkLoop, OomLog
-    from tamrun.memory.tracker import MemoryTracker
+    from tamrun.machine.tracker import MemoryTracker
     from tamrun.pipeline import build_features, plan_memory, solve
 
     config = Config()

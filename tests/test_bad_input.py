@@ -31,7 +31,7 @@ from tamrun.__main__ import main
 from tamrun.config.effects import EFFECT_SPECS
 from tamrun.config.ranges import EFFECTS, SETTINGS, numeric_fields
 from tamrun.config.schema import Config
-from tamrun.device import require_dtype
+from tamrun.device.manager import require_dtype
 from tamrun.errors import DeviceError
 
 
@@ -378,7 +378,7 @@ CASES = [
 
 
 def _device_present(kind: Optional[str]) -> bool:
-    from tamrun.device import device_available
+    from tamrun.device.manager import device_available
 
     return kind is not None and device_available(kind)
 
@@ -387,7 +387,7 @@ def _device_present(kind: Optional[str]) -> bool:
 def migrated_store(tmp_path_factory) -> Path:
     """An empty sqlite store with MLflow's tables and migrations done once (a fresh store costs seconds
     of migrations; each case gets its own copy)."""
-    from tamrun.tracking.store import open_client
+    from tamrun.tracking.store.store import open_client
 
     db = tmp_path_factory.mktemp("template") / "mlflow.db"
     open_client(f"sqlite:///{db}", 60, 60)

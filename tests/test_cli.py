@@ -12,7 +12,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tamrun.threads import (BUSY_AT_START, LOAD_WINDOW_S, WAIT_REASON, WAIT_SPINS, CpuClock, applied_wait_policy,
+from tamrun.machine.threads import (BUSY_AT_START, LOAD_WINDOW_S, WAIT_REASON, WAIT_SPINS, CpuClock, applied_wait_policy,
                             others_busy, wait_policy)
 
 from conftest import csv_overrides

@@ -1,4 +1,4 @@
-"""The garbage collector paused while a process imports its libraries (tamrun/collector.py): the caller's
+"""The garbage collector paused while a process imports its libraries (tamrun/process/collector.py): the caller's
 setting comes back, and a real run makes (almost) no full collection over torch's, pandas' and MLflow's
 objects."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tamrun.collector import ImportPause, resume_paused_collection
+from tamrun.process.collector import ImportPause, resume_paused_collection
 
 from conftest import csv_overrides
 

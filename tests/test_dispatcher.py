@@ -9,18 +9,18 @@ import torch
 from tamrun.config.effects import CategoricalSpec, FourierSpec, LinearSpec, SplineSpec
 from tamrun.config.schema import CountDType, OomConfig, Preconditioner, SolverConfig
 from tamrun.data.batch import build_batch
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.effects.categorical import CategoricalEffect
 from tamrun.effects.design import AdditiveDesign
 from tamrun.effects.fourier import FourierEffect
 from tamrun.effects.linear import LinearEffect
 from tamrun.effects.spline import SplineEffect
-from tamrun.fitted import predict_rows
+from tamrun.fit.fitted import predict_rows
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop, OomLog
 from tamrun.memory.oracle import ChunkPlan, Plan
-from tamrun.memory.tracker import MemoryTracker
-from tamrun.solve.dispatcher import Dispatcher
+from tamrun.machine.tracker import MemoryTracker
+from tamrun.fit.dispatcher import Dispatcher
 
 from conftest import synthetic_frame
 

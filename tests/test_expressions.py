@@ -15,7 +15,7 @@ import pytest
 
 from conftest import csv_overrides
 from test_secrets import tamrun
-from tamrun.data.expr import evaluate, parse_expression
+from tamrun.config.expr import evaluate, parse_expression
 from tamrun.errors import ConfigError, DataError
 
 FRAME = pd.DataFrame({"x": [1.0, 2.0, 3.0, 4.0], "dow": [5, 6, 1, 0], "kind": ["a", "b", "a", "c"]})

@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 import tamrun.jobs.record
 import tamrun.pipeline
-import tamrun.solve.dispatcher
+import tamrun.fit.dispatcher
 from tamrun.runner import run
 
 from conftest import csv_overrides, terminal_signals
@@ -44,7 +44,7 @@ def _raise_injected(*args, **kwargs):
     raise RuntimeError("injected fault (raised on purpose by the test)")
 
 
-@pytest.mark.parametrize("target", [(tamrun.pipeline, "read_table"), (tamrun.solve.dispatcher.Dispatcher, "fit"),
+@pytest.mark.parametrize("target", [(tamrun.pipeline, "read_table"), (tamrun.fit.dispatcher.Dispatcher, "fit"),
                                     (tamrun.jobs.record, "log_run_plots")], ids=["data", "solve", "artifacts"])
 def test_an_exception_anywhere_leaves_the_run_failed_with_error_and_log(compose_cfg, store_uri, csv_path, tmp_path,
                                                                      monkeypatch, target):
@@ -225,11 +225,11 @@ def test_a_lost_sweep_job_keeps_the_launchers_reason_whoever_closes_its_run_firs
 
     from omegaconf import OmegaConf
 
-    from tamrun.tracking.lost_jobs import record_lost_job
+    from tamrun.sweeps.lost_jobs import record_lost_job
     from tamrun.tracking.stale import PID, REASON, STARTED, close_stale_runs, process_tags
-    from tamrun.tracking.store import open_client
-    from tamrun.tracking.sweep_files import SWEEP_FILE
-    from tamrun.tracking.sweep_summary import SWEEP_ID_TAG, SWEEP_JOB_TAG
+    from tamrun.tracking.store.store import open_client
+    from tamrun.tracking.sweep_record.sweep_files import SWEEP_FILE
+    from tamrun.tracking.sweep_record.sweep_summary import SWEEP_ID_TAG, SWEEP_JOB_TAG
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = open_client(store, 30.0, 30.0)

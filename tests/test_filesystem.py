@@ -25,8 +25,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tamrun.errors import FilesystemError
-from tamrun.filesystem import Place, filesystem_error, refusal, written_file
-from tamrun.tracking.store import open_client
+from tamrun.process.filesystem import Place, filesystem_error, refusal, written_file
+from tamrun.tracking.store.store import open_client
 
 from conftest import csv_overrides
 

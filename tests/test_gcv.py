@@ -1,4 +1,4 @@
-"""model.penalties=gcv (`tamrun.solve.gcv`): the score against its closed form with a dense float64 hat
+"""model.penalties=gcv (`tamrun.fit.gcv`): the score against its closed form with a dense float64 hat
 matrix, the search against brute-force leave-one-out, batch invariance, a tight budget and faked OOMs,
 an end-to-end run through the command line, and bad settings."""
 
@@ -28,10 +28,10 @@ from tamrun.effects.registry import build_effects
 from tamrun.memory.footprint import StepCost, problem_size
 from tamrun.memory.guard import ChunkLoop, OomLog
 from tamrun.memory.oracle import ChunkPlan, MemoryOracle, SelectPlan
-from tamrun.memory.tracker import MemoryTracker
+from tamrun.machine.tracker import MemoryTracker
 from tamrun.runner import run
-from tamrun.solve import gcv as gcv_module
-from tamrun.solve.gcv import GcvSearch, gcv_scores, gcv_terms, group_statistics
+from tamrun.fit import gcv as gcv_module
+from tamrun.fit.gcv import GcvSearch, gcv_scores, gcv_terms, group_statistics
 
 SOLVER = SolverConfig()
 CPU = torch.device("cpu")

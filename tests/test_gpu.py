@@ -50,11 +50,11 @@ def test_a_gpu_fitted_model_holds_and_pickles_only_host_tensors(compose_cfg, csv
     import pickle
 
     from tamrun.config.load import typed_config
-    from tamrun.device import DeviceManager
+    from tamrun.device.manager import DeviceManager
     from tamrun.memory.guard import ChunkLoop, OomLog, oom_settings
-    from tamrun.memory.tracker import MemoryTracker
+    from tamrun.machine.tracker import MemoryTracker
     from tamrun.pipeline import DTYPES, fit_model, load_splits
-    from tamrun.placement import tensors_in
+    from tamrun.machine.placement import tensors_in
 
     config, specs = typed_config(compose_cfg(*csv_overrides(csv_path), "hw=cuda", "tracking=none",
                                              "+model.effects.f={kind: forest, column: x, n_trees: 3, max_depth: 2}"))
@@ -71,9 +71,9 @@ def test_the_cuda_phase_peak_is_the_allocators_and_matches_the_tensor_meter():
     """On CUDA a metered phase's working peak is the allocator's peak above the phase's start (no dispatch
     hook): 8 MB alive, then 16 MB more, the 8 MB freed, 4 MB more -> a peak of 24 MB above what was held
     before, exactly by the tensor meter, and by the allocator up to its block rounding."""
-    from tamrun.device import DeviceManager
+    from tamrun.device.manager import DeviceManager
     from tamrun.memory.meter import TensorMeter
-    from tamrun.memory.profiler import PhaseRecorder
+    from tamrun.device.profiler import PhaseRecorder
 
     from tamrun.config.schema import DeviceKind, HardwareConfig
 
@@ -105,10 +105,10 @@ def test_a_cuda_fits_working_peak_agrees_with_the_tensor_meter(compose_cfg, csv_
     meter counting every GPU tensor of the same fit: at least the meter's, within 10 % and 4 MiB above it
     (the allocator counts whole blocks and library workspaces the meter does not see)."""
     from tamrun.config.load import typed_config
-    from tamrun.device import DeviceManager
+    from tamrun.device.manager import DeviceManager
     from tamrun.memory.guard import ChunkLoop, OomLog, oom_settings
     from tamrun.memory.meter import TensorMeter
-    from tamrun.memory.tracker import MemoryTracker
+    from tamrun.machine.tracker import MemoryTracker
     from tamrun.pipeline import DTYPES, fit_model, load_splits
 
     config, specs = typed_config(compose_cfg(*csv_overrides(csv_path), "hw=cuda", "tracking=none", "solver=cg"))

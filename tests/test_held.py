@@ -1,4 +1,4 @@
-"""Runs held while the store did not answer, written once it does (`tamrun.tracking.held`, `held_spool`,
+"""Runs held while the store did not answer, written once it does (`tamrun.tracking.sweep_record.held`, `held_spool`,
 `sweep_end`), on a real sqlite store in tmp_path, without servers: a job refused before its run (a FAILED
 run created), a run left open by a store lost mid-run (ended FAILED), a job that started and left nothing
 (``UNRECORDED`` in the summary), the sweep's end held and written by the next run that opens the store, and
@@ -18,13 +18,13 @@ from omegaconf import OmegaConf
 
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
-from tamrun.tracking.held import SWEEP_END, held_runs
-from tamrun.tracking.held_spool import claim, upload_claimed
+from tamrun.tracking.sweep_record.held import SWEEP_END, held_runs
+from tamrun.tracking.sweep_record.held_spool import claim, upload_claimed
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.store import open_client
-from tamrun.tracking.sweep import hold_open_run, record_failed_job
-from tamrun.tracking.sweep_end import HeldEnd, end_sweep, held_line
-from tamrun.tracking.sweep_files import SWEEP_ENV, held_folder, mark_started, sweep_home, write_sweep_file
+from tamrun.tracking.store.store import open_client
+from tamrun.sweeps.sweep import hold_open_run, record_failed_job
+from tamrun.sweeps.sweep_end import HeldEnd, end_sweep, held_line
+from tamrun.tracking.sweep_record.sweep_files import SWEEP_ENV, held_folder, mark_started, sweep_home, write_sweep_file
 
 REFUSED = ConfigError("tracking.uri", "http://127.0.0.1:9", "the tracking server 127.0.0.1:9 does not answer",
                       "start it")

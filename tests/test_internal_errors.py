@@ -22,10 +22,10 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tamrun.outcome import REFUSED_HINT
+from tamrun.process.outcome import REFUSED_HINT
 from tamrun.errors import (ConfigError, DataError, DeviceError, FilesystemError, MemoryBudgetError, NumericalError,
                            TamrunError, error_kind, internal_error_line)
-from tamrun.tracking.sweep_failures import failure_exit_code, failure_line, job_failure
+from tamrun.sweeps.sweep_failures import failure_exit_code, failure_line, job_failure
 
 from test_cli import tamrun
 from test_sweeps import sweep_args, sweep_runs
@@ -65,7 +65,7 @@ def tamrun_with_fault(stage: str, *args: str, cwd: Path) -> subprocess.Completed
 def internal_line(stderr: str, label: str = "") -> str:
     """The one ``tamrun: internal error`` line of ``stderr`` (failing when there is not exactly one), after
     ``label``: a job of a sweep that runs jobs at once starts its lines with ``[#<job> <run name>]``
-    (`tamrun.joblog.job_label`)."""
+    (`tamrun.process.joblog.job_label`)."""
     start = f"{label} tamrun: internal error:" if label else "tamrun: internal error:"
     lines = [line[len(label):].lstrip() for line in stderr.splitlines() if line.startswith(start)]
     assert len(lines) == 1, stderr
@@ -211,8 +211,8 @@ def test_every_tamrun_exception_pickles_to_the_same_error():
     import signal
 
     from tamrun.errors import Abort
-    from tamrun.memory.tracker import BudgetExceeded
-    from tamrun.placement import PlacementError
+    from tamrun.machine.tracker import BudgetExceeded
+    from tamrun.machine.placement import PlacementError
     from tamrun.tracking.model_state import ModelStateError
     from tamrun.tracking.signals import Terminated
 
@@ -257,7 +257,7 @@ def test_an_error_outside_any_job_is_named_once_by_the_entry_point(capsys):
     from hydra.errors import OverrideParseException
 
     from tamrun.errors import Abort
-    from tamrun.outcome import outside_job
+    from tamrun.process.outcome import outside_job
 
     try:
         raise RuntimeError("a bug around the jobs")

@@ -1,4 +1,4 @@
-"""Prediction intervals (tamrun/intervals.py, tamrun/jobs/bands.py): the quantiles against numpy's, the
+"""Prediction intervals (tamrun/fit/intervals.py, tamrun/jobs/bands.py): the quantiles against numpy's, the
 scores against their formulas, the online adaptation worked by hand, and a run's intervals end to end."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from tamrun.config.load import typed_config
 from tamrun.errors import ConfigError
-from tamrun.intervals import (band_columns, calibrate, grouped_quantiles, interval_metrics, level_label,
+from tamrun.fit.intervals import (band_columns, calibrate, grouped_quantiles, interval_metrics, level_label,
                               online_bands, pinball, quantile_levels)
 from tamrun.runner import run
 

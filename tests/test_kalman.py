@@ -23,7 +23,7 @@ from tamrun.config.load import typed_config
 from tamrun.config.schema import KalmanState, OomConfig
 from tamrun.errors import ConfigError, DataError, MemoryBudgetError
 from tamrun.memory.guard import ChunkLoop, OomLog
-from tamrun.memory.tracker import MemoryTracker
+from tamrun.machine.tracker import MemoryTracker
 from tamrun.pipeline import build_features, load_splits
 from tamrun.runner import run
 

@@ -1,4 +1,4 @@
-"""The real limits a process lives under (tamrun/memory/limits.py): parsing on fake /proc and cgroup
+"""The real limits a process lives under (tamrun/machine/limits.py): parsing on fake /proc and cgroup
 files, the oracle naming the binding limit, and real runs under a memory cgroup and ``prlimit --as``."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from tamrun.config.schema import MemoryConfig
 from tamrun.errors import MemoryBudgetError
-from tamrun.memory.limits import (Limit, cgroup_dirs, cgroup_limit, parse_mountinfo, parse_proc_cgroup, read_size,
+from tamrun.machine.limits import (Limit, cgroup_dirs, cgroup_limit, parse_mountinfo, parse_proc_cgroup, read_size,
                                   rlimit_limits)
 from tamrun.memory.oracle import MemoryOracle
 from test_memory import small_problem

@@ -19,10 +19,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tamrun.config.load import typed_config
-from tamrun.evaluate import group_metrics, mape, rmse
+from tamrun.fit.evaluate import group_metrics, mape, rmse
 from tamrun.pipeline import build_features, load_splits
 from tamrun.runner import run
-from tamrun.tracking.tables import arrow_writable, write_frame
+from tamrun.tracking.artifacts.tables import arrow_writable, write_frame
 
 from test_dispatcher import max_rel, reference_coefficients
 

@@ -11,7 +11,7 @@ from tamrun.memory.footprint import (ProblemSize, RowBytes, StepCost, cg_row_byt
                                      direct_row_bytes, kernel_build_bytes)
 from tamrun.memory.guard import OomLog, oom_settings, retry_on_oom
 from tamrun.memory.oracle import MemoryOracle, pick_chunk
-from tamrun.memory.units import parse_size
+from tamrun.config.units import parse_size
 
 
 def failing_until(fits_at: int, exc: type = torch.OutOfMemoryError):
@@ -125,7 +125,7 @@ def test_dual_form_when_a_group_has_fewer_rows_than_columns():
 
 
 def test_tracker_charges_with_overhead_and_refuses_past_the_budget():
-    from tamrun.memory.tracker import BudgetExceeded, MemoryTracker
+    from tamrun.machine.tracker import BudgetExceeded, MemoryTracker
 
     tracker = MemoryTracker(budget=1000, overhead_factor=1.1)
     first = tracker.allocate(500, "a")
@@ -141,7 +141,7 @@ def test_tracker_charges_with_overhead_and_refuses_past_the_budget():
 
 
 def test_guard_shrinks_when_the_tracker_refuses():
-    from tamrun.memory.tracker import MemoryTracker
+    from tamrun.machine.tracker import MemoryTracker
 
     tracker, seen = MemoryTracker(budget=3000, overhead_factor=1.0), []
 
@@ -187,7 +187,7 @@ def small_problem() -> ProblemSize:
 def repeated_work(out: torch.Tensor) -> torch.Tensor:
     """Row chunks that allocate alike (the last one shorter), each summing into ``out`` in place, with an
     inner per-row loop whose later rows repeat the first; what the work keeps (its result) outside them."""
-    from tamrun.memory.sampling import repeating, steady
+    from tamrun.machine.sampling import repeating, steady
 
     data = torch.arange(1000 * 50, dtype=torch.float64).reshape(1000, 50)
     loop = object()
@@ -231,7 +231,7 @@ def test_the_sampled_meter_counts_repeated_work_once_and_gives_the_exact_peak():
 
 def kept_work() -> torch.Tensor:
     """Chunks kept in a list (a CG system's design) inside a closed block, then used and dropped."""
-    from tamrun.memory.sampling import repeating
+    from tamrun.machine.sampling import repeating
 
     data = torch.ones(1000, 50, dtype=torch.float64)
     total = torch.zeros(50, dtype=torch.float64)

@@ -41,7 +41,7 @@ def test_a_tenth_of_the_working_peak_is_enough(compose_cfg, overrides):
                                        ("model=forest_fourier", "model.effects.forest_toy.left.n_trees=4")],
                          ids=["fourier", "spline-cg", "forest-cg", "forest-capped", "forest_fourier-4-trees"])
 def test_the_sampled_meter_gives_the_working_peaks_of_every_operation_metered(compose_cfg, overrides):
-    """The meter counts repeated work once (`tamrun.memory.sampling`: the first row chunk, group, chunk of
+    """The meter counts repeated work once (`tamrun.machine.sampling`: the first row chunk, group, chunk of
     groups and CG iteration of each shape): the solve and predict phases' working peaks are those of
     every operation metered (memory.meter_sampling=false), to the byte, uncapped and in chunks."""
     peaks = {}

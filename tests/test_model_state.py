@@ -76,7 +76,7 @@ def test_a_logged_model_loads_without_unpickling_on_a_cpu_only_machine(logged):
     assert json.loads(child.stdout.strip().splitlines()[-1]) == pytest.approx(list(expected), abs=1e-12)
 
 
-@pytest.mark.parametrize("cls", ["os:system", "subprocess:Popen", "builtins:eval", "tamrun.fitted:torch.load",
+@pytest.mark.parametrize("cls", ["os:system", "subprocess:Popen", "builtins:eval", "tamrun.fit.fitted:torch.load",
                                  "tamrun.errors:os.system", "tamrun.redact:re.compile"])
 def test_a_state_naming_a_class_outside_tamrun_is_refused(logged, tmp_path, cls):
     _, _, state, _ = logged

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tamrun.errors import ConfigError, DataError, NumericalError
-from tamrun.evaluate import rmse
+from tamrun.fit.evaluate import rmse
 from tamrun.runner import run
 
 from conftest import csv_overrides, synthetic_frame

@@ -1,5 +1,5 @@
 """Placement without a GPU: under ``hw=check`` the compute device is the CPU under another name
-(``cpu:0``, tamrun/placement.py), every tensor placed there is tagged, and an operation mixing it with a
+(``cpu:0``, tamrun/machine/placement.py), every tensor placed there is tagged, and an operation mixing it with a
 host tensor fails as it would on a GPU. The whole pipeline runs under it here (every preset and route,
 predictions, plots, the logged model and the pyfunc model, the adaptive and Kalman modes, a sweep), and
 gives the plain CPU's numbers bitwise: the check changes where tensors are said to live, not what is
@@ -22,12 +22,12 @@ from mlflow.tracking import MlflowClient
 
 import tamrun
 from tamrun.config.load import typed_config
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError, MemoryBudgetError
-from tamrun.memory.gpu import GpuMemory
+from tamrun.machine.gpu import GpuMemory
 from tamrun.memory.guard import unplanned_oom_refused
 from tamrun.pipeline import build_features, load_splits
-from tamrun.placement import CHECK_DEVICE, HOST, PlacementCheck, PlacementError, tensors_in, to_device
+from tamrun.machine.placement import CHECK_DEVICE, HOST, PlacementCheck, PlacementError, tensors_in, to_device
 from tamrun.runner import run
 
 from conftest import csv_overrides
@@ -227,7 +227,7 @@ def test_a_sweep_runs_under_the_check(tmp_path, csv_path):
 def test_every_device_is_made_with_its_index_but_the_host():
     """A compute device is made with its index (compute_device: ``cuda:0``): a ``torch.device(kind)`` without
     one is what torch.cuda's calls refuse (memory.limit crashed on CUDA with it). Only the host is named
-    without an index; tamrun/placement.py reads devices that code under the check names, so it is not
+    without an index; tamrun/machine/placement.py reads devices that code under the check names, so it is not
     scanned."""
     made = []
     for path in Path(tamrun.__file__).parent.rglob("*.py"):
@@ -262,7 +262,7 @@ def test_every_torch_cuda_call_gets_an_indexed_device():
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and ast.unparse(node.func.value) == "torch.cuda" and (node.args or node.keywords)):
                 calls.append((path.name, node.func.attr, [*node.args, *(k.value for k in node.keywords)]))
-    managed = [c for c in calls if c[0] == "device.py"]
+    managed = [c for c in calls if c[0] == "manager.py"]
     assert len(managed) >= 8 and all(any(ast.unparse(a) == "self.device" for a in c[2]) for c in managed), managed
     unindexed = [(name, attr) for name, attr, arguments in calls if any(_unindexed(a) for a in arguments)]
     assert not unindexed, unindexed

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from local_cluster import ray_cluster, wait_until
 from servers import mlflow_server, postgres_database
 from test_cli import tamrun
-from tamrun.tracking.sweep_files import SWEEP_FILE
+from tamrun.tracking.sweep_record.sweep_files import SWEEP_FILE
 from test_sweeps import sweep_args, sweep_runs
 
 pytestmark = [

@@ -1,6 +1,6 @@
 """One Hydra folder per command (issue 35): two runs, or two sweeps, started together in one working
 folder never share a run folder or a log. Each folder ends with its own process's tag (pid and 4 random
-hex digits, `tamrun.run_folder`), so the tests hold whether or not the two processes start in the same
+hex digits, `tamrun.process.run_folder`), so the tests hold whether or not the two processes start in the same
 second. Real ``python -m tamrun`` processes, ``mode=plan`` (nothing fitted, nothing recorded)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from tamrun.run_folder import RUN_TAG, new_run_tag
+from tamrun.process.run_folder import RUN_TAG, new_run_tag
 
 QUICK = ["mode=plan", "tracking=none", "model=spline"]
 

@@ -17,7 +17,7 @@ import tamrun
 from tamrun.errors import DataError
 from tamrun.numbers import significant
 from tamrun.runner import run
-from tamrun.threads import applied_wait_policy, job_threads
+from tamrun.machine.threads import applied_wait_policy, job_threads
 
 from conftest import by_name, csv_overrides
 
@@ -54,7 +54,7 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
                 "progress"} & set(params), sorted(params)
     assert logged.data.tags["route_reason"].startswith("D=")
     # a single run's torch threads on the CPU: every usable core (at most OMP_NUM_THREADS), and why
-    # (tamrun.threads); on a GPU torch's CPU threads are not set, nor tagged
+    # (tamrun.machine.threads); on a GPU torch's CPU threads are not set, nor tagged
     threads = job_threads(None)
     if logged.data.tags["device_kind"] == "cpu":
         assert (logged.data.tags["threads"], logged.data.tags["threads_reason"]) == (str(threads.count), threads.reason)
@@ -178,7 +178,7 @@ def test_the_metrics_come_from_the_predictions_and_the_table_is_built_only_on_us
 
 def test_progress_in_log_mode_names_each_split_and_reports_the_cg_against_its_tolerance(compose_cfg, csv_path,
                                                                                         caplog):
-    caplog.set_level(logging.INFO, logger="tamrun.progress")
+    caplog.set_level(logging.INFO, logger="tamrun.fit.progress")
     result = run(compose_cfg(*csv_overrides(csv_path), "split.validation_start=2020-12-01", "tracking=none",
                              "progress=log", "solver=cg", "solver.tol=1e-7", "solver.max_iter=2000"))
     lines = [r.getMessage() for r in caplog.records]

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from conftest import csv_overrides
 from servers import postgres_database
 from tamrun.redact import MASK, RedactFilter, redacted, secret_name
-from tamrun.ray_env import split_secrets
+from tamrun.cluster.env import split_secrets
 
 ENV_SECRET = "envS3cretValue42"  # a cloud credential in the environment: never written anywhere
 

@@ -1,4 +1,4 @@
-"""The MLflow sqlite store under many processes at once (tamrun.tracking.store), on real stores."""
+"""The MLflow sqlite store under many processes at once (tamrun.tracking.store.store), on real stores."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import ConfigError
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.store import check_artifact_location, store_lock, with_busy_timeout
+from tamrun.tracking.store.store import check_artifact_location, store_lock, with_busy_timeout
 
 WRITERS = 8
 
@@ -145,7 +145,7 @@ def _flaky(failures: int, message: str = CONFLICT):
 
 
 def test_a_unique_key_conflict_is_tried_again():
-    from tamrun.tracking.store import retry_on_conflict
+    from tamrun.tracking.store.store import retry_on_conflict
 
     write, calls = _flaky(2)
     assert retry_on_conflict(write) == 3 and len(calls) == 3
@@ -153,7 +153,7 @@ def test_a_unique_key_conflict_is_tried_again():
 
 def test_a_conflict_that_persists_or_another_error_is_raised():
     from mlflow.exceptions import MlflowException
-    from tamrun.tracking.store import CONFLICT_ATTEMPTS, retry_on_conflict
+    from tamrun.tracking.store.store import CONFLICT_ATTEMPTS, retry_on_conflict
 
     write, calls = _flaky(10)
     with pytest.raises(MlflowException, match="UNIQUE constraint failed"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tamrun.errors import ConfigError
-from tamrun.tracking.store import broken_store, open_client
+from tamrun.tracking.store.store import broken_store, open_client
 
 from conftest import terminal_signals
 
@@ -24,7 +24,7 @@ INSTANTS = 20
 CREATE = """
 import sys
 from mlflow.tracking import MlflowClient  # imported before 'ready': the interrupt falls in the creation
-from tamrun.tracking.store import open_client
+from tamrun.tracking.store.store import open_client
 print("ready", flush=True)
 open_client(sys.argv[1], 60, 60)
 print("created", flush=True)

@@ -25,8 +25,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tamrun.__main__ import main
-from tamrun.tracking.store import open_client
-from tamrun.tracking.store_wait import StoreWatch, lock_holders
+from tamrun.tracking.store.store import open_client
+from tamrun.tracking.store.store_wait import StoreWatch, lock_holders
 
 from conftest import csv_overrides
 from test_faults import STORE_GATE, child_env, wait_for
@@ -83,7 +83,7 @@ def test_the_lock_holder_is_read_from_proc_locks(tmp_path, template):
 
 def test_a_call_waiting_on_a_lock_says_so_after_2_s_and_every_10_s(tmp_path, template, caplog):
     """A real sqlite wait of about 23 s inside one watched call: notices at about 2, 12 and 22 s."""
-    caplog.set_level(logging.INFO, logger="tamrun.tracking.store_wait")
+    caplog.set_level(logging.INFO, logger="tamrun.tracking.store.store_wait")
     db = tmp_path / "mlflow.db"
     shutil.copyfile(template, db)
     watch = StoreWatch(f"sqlite:///{db}", db, (60.0, 300.0))

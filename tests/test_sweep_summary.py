@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tamrun.tracking.plots import sweep_objective_figure, sweep_objective_panels
-from tamrun.tracking.sweep_summary import close_sweep
-from tamrun.tracking.sweep_names import MAX_RUN_NAME, job_run_name, job_values, swept_keys, value_tags
+from tamrun.tracking.artifacts.plots import sweep_objective_figure, sweep_objective_panels
+from tamrun.tracking.sweep_record.sweep_summary import close_sweep
+from tamrun.tracking.sweep_record.sweep_names import MAX_RUN_NAME, job_run_name, job_values, swept_keys, value_tags
 
 GROUPS = ["model", "data", "hw", "solver"]
 
@@ -100,7 +100,7 @@ JOBS = [("FINISHED", {"rmse_validation": 2.0, "rmse_test": 1.0}, 6),
 
 def test_with_a_validation_split_the_best_job_is_the_least_validation_rmse_of_the_finished_ones(tmp_path, caplog):
     client, info, children = recorded_sweep(tmp_path, JOBS, "rmse_validation", asked=False)
-    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep_summary")
+    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep_record.sweep_summary")
     table = close_sweep(info)
     # the sweep's line names the chosen job, its metric and its page
     assert (f"best on rmse_validation: job 1 'k=8' rmse_validation=1.5: http://127.0.0.1:5000/#/experiments/"
@@ -118,7 +118,7 @@ def test_with_a_validation_split_the_best_job_is_the_least_validation_rmse_of_th
 def test_without_a_validation_split_no_best_is_crowned_on_the_test_year(tmp_path, caplog):
     jobs = [(status, {n: v for n, v in metrics.items() if n == "rmse_test"}, k) for status, metrics, k in JOBS]
     client, info, _ = recorded_sweep(tmp_path, jobs, "rmse_test", asked=False)
-    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep_summary")
+    caplog.set_level(logging.INFO, logger="tamrun.tracking.sweep_record.sweep_summary")
     table = close_sweep(info)
     parent = client.get_run(info["parent_run_id"])
     assert not any(key.startswith("best") for key in [*parent.data.tags, *parent.data.metrics])
@@ -133,7 +133,7 @@ def test_without_a_validation_split_no_best_is_crowned_on_the_test_year(tmp_path
 
 def test_a_test_metric_asked_for_is_crowned_as_such_with_a_warning(tmp_path, caplog):
     client, info, children = recorded_sweep(tmp_path, JOBS, "rmse_test", asked=True)
-    caplog.set_level(logging.WARNING, logger="tamrun.tracking.sweep_summary")
+    caplog.set_level(logging.WARNING, logger="tamrun.tracking.sweep_record.sweep_summary")
     close_sweep(info)
     parent = client.get_run(info["parent_run_id"]).data
     assert parent.tags["best_on_test_run_id"] == children[0] and parent.metrics["best_on_test_rmse_test"] == 1.0

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tamrun.config.load import config_dir
 from tamrun.config.store import register_configs
-from tamrun.tracking.sweep_files import SWEEP_FILE
+from tamrun.tracking.sweep_record.sweep_files import SWEEP_FILE
 
 from conftest import csv_overrides
 from test_cli import tamrun
@@ -186,7 +186,7 @@ def test_the_penalty_search_tunes_on_a_validation_year_before_the_test_year():
     assert all(key.endswith(".ap") for key in sweeper.params) and len(sweeper.params) >= 5
     assert cfg.objective == "rmse_validation" and cfg.model.name == "fourier"
     assert cfg.split.validation_start < cfg.split.train_end < cfg.split.test_start
-    assert "tamrun.tracking.sweep.SweepCallback" in str(cfg.hydra.callbacks)
+    assert "tamrun.sweeps.sweep.SweepCallback" in str(cfg.hydra.callbacks)
 
 
 def test_help_lists_the_groups_the_experiment_and_the_launchers(tmp_path):

@@ -39,7 +39,7 @@ def plan_of(compose_cfg, csv_path, *extra):
 
 
 def test_a_class_too_small_does_not_fit_and_says_the_memory_it_lacks(compose_cfg, csv_path):
-    context = 512 * MIB  # tamrun.memory.gpu.CUDA_CONTEXT_ESTIMATE: nothing is left for the run
+    context = 512 * MIB  # tamrun.machine.gpu.CUDA_CONTEXT_ESTIMATE: nothing is left for the run
     tco = plan_of(compose_cfg, csv_path, gpu_class("small", context))
     small = tco.by_name("small")
     assert small.fit == DOES_NOT_FIT and small.lacking_bytes > 0

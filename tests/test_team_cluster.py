@@ -36,7 +36,7 @@ from conftest import RAY_TEST_ENV, csv_overrides
 from local_cluster import ray_cluster, wait_until
 from job_gate import open_gate
 from servers import MlflowServer, postgres_database
-from tamrun.tracking.sweep_files import SWEEP_FILE
+from tamrun.tracking.sweep_record.sweep_files import SWEEP_FILE
 
 pytestmark = pytest.mark.slow
 FAST = ["tracking.log_plots=false", "tracking.log_model=false", "progress=off", "hw.threads=1"]
@@ -145,7 +145,7 @@ def test_the_shell_s_tracking_variables_reach_the_ray_workers(server, cluster, t
     assert [r.info.status for r in jobs] == ["FINISHED", "FINISHED"] and parent.info.status == "FINISHED"
     for run in jobs:
         handed = run.data.tags["ray.env"].split(", ")
-        # the password travels as the task's argument (tamrun/ray_env.py split_secrets), its name listed with
+        # the password travels as the task's argument (tamrun/cluster/env.py split_secrets), its name listed with
         # the others; the tag's redaction masks it (a secret variable's name followed by more text)
         assert {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "TAMRUN_RUN_TAG", "TAMRUN_SWEEP_ID"} <= set(handed)
         assert len(handed) == 6 and ("MLFLOW_TRACKING_PASSWORD" in handed or "***" in handed), handed
@@ -174,8 +174,8 @@ def test_a_runtime_environment_that_would_send_the_jobs_elsewhere_is_refused_up_
 EVERY_ERROR = """
 import sys, ray
 from tamrun.errors import ConfigError, DataError, DeviceError, FilesystemError, MemoryBudgetError, NumericalError
-from tamrun.memory.tracker import BudgetExceeded
-from tamrun.placement import PlacementError
+from tamrun.machine.tracker import BudgetExceeded
+from tamrun.machine.placement import PlacementError
 
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 errors = [kind("model.effects.toy.m", -2, "must be at least 1", "set model.effects.toy.m=8")

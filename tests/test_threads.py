@@ -1,4 +1,4 @@
-"""The thread rule (tamrun.threads): hw.threads, else the CPUs a job has under its launcher, else all
+"""The thread rule (tamrun.machine.threads): hw.threads, else the CPUs a job has under its launcher, else all
 usable cores; launchers composed by Hydra from the packaged configs, cgroup quotas from fake files."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from tamrun.threads import cgroup_cpus, omp_threads, resolve_threads, usable_cores
+from tamrun.machine.threads import cgroup_cpus, omp_threads, resolve_threads, usable_cores
 
 from conftest import csv_overrides
 from test_cli import tamrun

@@ -14,16 +14,16 @@ import torch
 from tamrun.config.effects import CrossingSpec, ForestSpec, FourierSpec, LinearSpec
 from tamrun.config.schema import OomConfig, Preconditioner, SolverConfig
 from tamrun.data.batch import build_batch
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.effects.design import AdditiveDesign
 from tamrun.effects.registry import build_effects
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop, OomLog
 from tamrun.memory.oracle import ChunkPlan, Plan
-from tamrun.memory.tracker import MemoryTracker
+from tamrun.machine.tracker import MemoryTracker
 from tamrun.solve.assembly import CgSystem, system_scale
 from tamrun.solve.coarse import CoarseCorrection, accumulate_sources, coarse_correction, coarse_space
-from tamrun.solve.dispatcher import Dispatcher
+from tamrun.fit.dispatcher import Dispatcher
 
 from conftest import synthetic_frame
 

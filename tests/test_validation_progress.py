@@ -12,7 +12,7 @@ import torch
 from tamrun.config.schema import SplitConfig
 from tamrun.data.split import carve_validation
 from tamrun.errors import ConfigError, DataError
-from tamrun.progress import ChunkProgress, IterationProgress
+from tamrun.fit.progress import ChunkProgress, IterationProgress
 from tamrun.solve.cg import CgProgress, conjugate_gradient
 
 from conftest import synthetic_frame
@@ -44,7 +44,7 @@ def test_a_bad_validation_period_names_the_field(start, end, error, field):
 
 
 def test_progress_without_a_terminal_is_plain_log_lines(caplog):
-    caplog.set_level(logging.INFO, logger="tamrun.progress")
+    caplog.set_level(logging.INFO, logger="tamrun.fit.progress")
     chunks = ChunkProgress(mode="log")
     for last in (15, 31, 47):
         chunks("fit/direct", last + 1, 48)
@@ -65,7 +65,7 @@ def test_progress_without_a_terminal_is_plain_log_lines(caplog):
 
 
 def test_a_cg_solve_logs_its_iterations_and_worst_residual_against_the_tolerance(caplog):
-    caplog.set_level(logging.INFO, logger="tamrun.progress")
+    caplog.set_level(logging.INFO, logger="tamrun.fit.progress")
     rng = np.random.default_rng(0)
     phi = torch.tensor(rng.normal(size=(4, 60, 20)))
     a = phi.transpose(1, 2) @ phi / 60 + 1e-3 * torch.eye(20, dtype=torch.float64)
@@ -81,7 +81,7 @@ def test_a_cg_solve_logs_its_iterations_and_worst_residual_against_the_tolerance
 
 
 def test_the_time_left_is_the_pace_so_far_and_the_cg_s_is_its_residual_s_mean_decrease():
-    from tamrun.progress import cg_left, time_left
+    from tamrun.fit.progress import cg_left, time_left
 
     assert time_left(12, 48, 6.0) == ", 6 s elapsed, about 18 s left"   # 12 groups in 6 s: 36 more in 18 s
     assert time_left(0, 48, 3.0) == ", 3 s elapsed" and time_left(5, None, 3.0) == ", 3 s elapsed"

@@ -1,4 +1,4 @@
-"""The GPU libraries warmed while the data loads (tamrun/device.py: `warm_libraries`, `libraries_warming`)."""
+"""The GPU libraries warmed while the data loads (tamrun/device/manager.py: `warm_libraries`, `libraries_warming`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from tamrun.device import libraries_warming, warm_libraries
+from tamrun.device.manager import libraries_warming, warm_libraries
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

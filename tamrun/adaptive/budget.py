@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tamrun.config.schema import Config
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.errors import MemoryBudgetError
 from tamrun.memory.footprint import ProblemSize, StepCost, WindowCost, select_chunk, window_costs
 from tamrun.memory.oracle import MemoryOracle, Plan
-from tamrun.memory.units import format_size
+from tamrun.config.units import format_size
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from tamrun.adaptive.windows import history_dates
 from tamrun.config.schema import KalmanState
 from tamrun.data.batch import GroupedBatch
 from tamrun.errors import MemoryBudgetError
-from tamrun.fitted import FittedModel
+from tamrun.fit.fitted import FittedModel
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop
-from tamrun.memory.units import format_size
-from tamrun.placement import HOST
+from tamrun.config.units import format_size
+from tamrun.machine.placement import HOST
 
 
 @dataclass

@@ -16,7 +16,7 @@ and fitted by the dispatcher; CG starts every window of a batch from the previou
 window (one window per batch: warm starts between consecutive windows).
 
 Every batch runs through the window loop (`ChunkLoop`): charged to the tracker, retried with fewer
-windows on OOM. Forecasts go through `tamrun.fitted.predict_rows`.
+windows on OOM. Forecasts go through `tamrun.fit.fitted.predict_rows`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from tamrun.adaptive.budget import WindowPlan
 from tamrun.adaptive.windows import WindowSchedule, gather_systems, system_design, systems_of
 from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.effects.design import AdditiveDesign
-from tamrun.fitted import predict_rows
+from tamrun.fit.fitted import predict_rows
 from tamrun.memory.guard import ChunkLoop
 from tamrun.solve.assembly import normal_equations, solve_normal_equations
-from tamrun.solve.dispatcher import Dispatcher
+from tamrun.fit.dispatcher import Dispatcher
 from tamrun.solve.stats import FitStats
 
 log = logging.getLogger(__name__)

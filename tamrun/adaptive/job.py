@@ -26,8 +26,8 @@ from tamrun.adaptive.plots import adaptive_figure
 from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates
 from tamrun.config.schema import AdaptiveMethod
 from tamrun.data.batch import GroupedBatch
-from tamrun.evaluate import mape, require_finite, require_plausible, rmse
-from tamrun.fitted import prediction_batch
+from tamrun.fit.evaluate import mape, require_finite, require_plausible, rmse
+from tamrun.fit.fitted import prediction_batch
 from tamrun.jobs.bands import day_ahead_bands, naive_bands, residual_history
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
@@ -35,13 +35,13 @@ from tamrun.jobs.result import RunResult
 from tamrun.numbers import significant
 from tamrun.memory.footprint import problem_size, recording_bytes
 from tamrun.memory.guard import OomLog
-from tamrun.memory.profiler import PhaseRecorder
-from tamrun.memory.tracker import MemoryTracker
+from tamrun.device.profiler import PhaseRecorder
+from tamrun.machine.tracker import MemoryTracker
 from tamrun.pipeline import Fit, numerical_fix, solve
-from tamrun.progress import ChunkProgress
+from tamrun.fit.progress import ChunkProgress
 from tamrun.tco.run import priced_phases, priced_work
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.run_plots import log_interval_figure
+from tamrun.tracking.artifacts.run_plots import log_interval_figure
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from tamrun.adaptive.filtering import (FilterInputs, FilterRun, check_input_room
                                       run_filters, slot_rmse)
 from tamrun.adaptive.plots import adaptive_figure, weights_figure
 from tamrun.config.schema import KalmanConfig
-from tamrun.evaluate import mape, require_finite, require_plausible, rmse
+from tamrun.fit.evaluate import mape, require_finite, require_plausible, rmse
 from tamrun.jobs.bands import day_ahead_bands, naive_bands, residual_history
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
@@ -32,7 +32,7 @@ from tamrun.numbers import significant
 from tamrun.pipeline import Fit, Splits, fit_model, numerical_fix, solve
 from tamrun.tco.run import priced_phases, priced_work
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.run_plots import log_interval_figure
+from tamrun.tracking.artifacts.run_plots import log_interval_figure
 
 log = logging.getLogger(__name__)
 

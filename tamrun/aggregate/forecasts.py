@@ -26,7 +26,7 @@ import pandas as pd
 from tamrun.adaptive.filtering import FilterInputs, FilterRun, slot_rmse
 from tamrun.adaptive.kalman_job import adapt
 from tamrun.aggregate.experts import Expert, Family
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.jobs.prepare import Prepared, prepare
 from tamrun.pipeline import Fit, Splits, fit_model, solve
 

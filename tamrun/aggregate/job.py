@@ -26,8 +26,8 @@ from tamrun.aggregate.plots import monthly_figure, weights_figure
 from tamrun.aggregate.pruning import Pruning, prune
 from tamrun.aggregate.selection import Combined, Selection, combine, select
 from tamrun.config.schema import Config
-from tamrun.device import DeviceManager
-from tamrun.evaluate import mape, require_finite, rmse
+from tamrun.device.manager import DeviceManager
+from tamrun.fit.evaluate import mape, require_finite, rmse
 from tamrun.jobs.bands import day_ahead_bands, naive_bands, residual_history
 from tamrun.jobs.prepare import import_recording_libraries
 from tamrun.jobs.record import record_inputs
@@ -35,7 +35,7 @@ from tamrun.jobs.result import RunResult
 from tamrun.pipeline import DTYPES, Fit, numerical_fix
 from tamrun.tco.run import priced_phases, priced_work
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.run_plots import log_interval_figure
+from tamrun.tracking.artifacts.run_plots import log_interval_figure
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ fit, then the prediction of the test year. Peak memory is the peak RSS above tha
 CPU (Linux VmHWM, reset at the baseline) and torch.cuda.max_memory_allocated on CUDA.
 
 tamrun's side runs what ``python -m tamrun`` runs, with the default settings: the collector paused
-during the imports (`tamrun.collector`), `prepare` (the data and features phases, the plan), the solve
+during the imports (`tamrun.process.collector`), `prepare` (the data and features phases, the plan), the solve
 phase of `tamrun.jobs.fit` (metered with memory.meter) and a predict phase of the test year; its fit is
 the command's ``fit=`` (the features and solve phases). ``--bare`` times `tamrun.pipeline.fit_model`
 called directly instead (no phases, no meter, no guard's budget): the benchmark's second column.
@@ -108,18 +108,18 @@ def tamrun_config(args: argparse.Namespace):
 
 def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     """The run's path (module docstring); ``--bare``: `run_tamrun_bare`."""
-    from tamrun.threads import apply_wait_policy
+    from tamrun.machine.threads import apply_wait_policy
 
-    apply_wait_policy(None)  # as the entry point on idle cores: before torch loads (tamrun/threads.py)
+    apply_wait_policy(None)  # as the entry point on idle cores: before torch loads (tamrun/machine/threads.py)
     if args.bare:
         return run_tamrun_bare(args, meter)
-    from tamrun.collector import ImportPause
+    from tamrun.process.collector import ImportPause
 
     imports = ImportPause()  # as the entry point: the collector off until the libraries are loaded
     import torch
 
-    from tamrun.device import DeviceManager
-    from tamrun.evaluate import scored, split_scores
+    from tamrun.device.manager import DeviceManager
+    from tamrun.fit.evaluate import scored, split_scores
     from tamrun.jobs.fit import fit_seconds, solve_phase
     from tamrun.jobs.prepare import prepare
     from tamrun.pipeline import DTYPES
@@ -145,9 +145,9 @@ def run_tamrun(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
 
 def run_tamrun_bare(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
     """`tamrun.pipeline.fit_model` called directly (no phases, no meter, no budget), then the test year."""
-    from tamrun.device import DeviceManager
+    from tamrun.device.manager import DeviceManager
     from tamrun.memory.guard import ChunkLoop, OomLog, oom_settings
-    from tamrun.memory.tracker import MemoryTracker
+    from tamrun.machine.tracker import MemoryTracker
     from tamrun.pipeline import DTYPES, fit_model, load_splits
 
     config, specs = tamrun_config(args)

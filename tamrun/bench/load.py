@@ -7,7 +7,7 @@ wait policy and the alternatives, and the peer under the same load, in one invoc
 
 A run is ``python -m tamrun model=<preset> tracking=none progress=off`` in a fresh process; its fit is the
 ``fit=`` it prints. The variants differ only in the environment the command starts with (`VARIANTS`, and
-``GOMP_SPINCOUNT=<n>`` for each of --spins): tamrun's own choice (`tamrun.threads.wait_policy`, from the
+``GOMP_SPINCOUNT=<n>`` for each of --spins): tamrun's own choice (`tamrun.machine.threads.wait_policy`, from the
 load it reads at start), OpenMP's default spin, no spin (PASSIVE), one thread. "Loaded" runs beside ``--busy`` processes that spin
 (``python -c "while True: pass"``, started by the benchmark and stopped by it); "idle" runs with nothing
 else running but the benchmark, which waits for its child. Per preset, all idle rounds, then all loaded
@@ -35,7 +35,7 @@ from typing import Dict, Iterator, List, Optional
 
 from tamrun.bench.commands import report_presets, run_child
 from tamrun.bench.meter import reported_fit
-from tamrun.threads import WAIT_REASON, WAIT_VARIABLES
+from tamrun.machine.threads import WAIT_REASON, WAIT_VARIABLES
 
 PRESETS = ("fourier,fourier_holidays,fourier_lags,spline,spline_holidays,spline_lags,forest,forest_big,"
            "forest_fourier")

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tamrun.memory.units import parse_size
+from tamrun.config.units import parse_size
 from tamrun.bench.commands import latest_metrics
 
 MIB = 2**20

@@ -30,7 +30,7 @@ import pandas as pd
 
 from tamrun.bench.commands import latest_metrics
 from tamrun.bench.machine import header_lines, machine_info
-from tamrun.memory.units import parse_size
+from tamrun.config.units import parse_size
 
 SEED = 0
 START = "2020-01-01"

@@ -64,8 +64,8 @@ def open_store(store: str):
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
 
-    from tamrun.tracking.server_access import access_error
-    from tamrun.tracking.store import check_store, open_client, sqlite_path, store_error
+    from tamrun.tracking.store.server_access import access_error
+    from tamrun.tracking.store.store import check_store, open_client, sqlite_path, store_error
 
     db = sqlite_path(store)
     if db is not None and not db.is_file():
@@ -84,10 +84,10 @@ def open_store(store: str):
 
 def experiment_of(client, store: str, name: str):
     """The experiment ``name`` of the store (None when it has none); a locked server's refusal to show it
-    (a user without READ on it) is a `ConfigError` naming the user (`tamrun.tracking.server_access`)."""
+    (a user without READ on it) is a `ConfigError` naming the user (`tamrun.tracking.store.server_access`)."""
     from mlflow.exceptions import MlflowException
 
-    from tamrun.tracking.server_access import access_error
+    from tamrun.tracking.store.server_access import access_error
 
     try:
         return client.get_experiment_by_name(name)

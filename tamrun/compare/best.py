@@ -116,7 +116,7 @@ def register(client: Any, best: Best, model_uri: str, name: str, store: str, ali
     refuses is a `ConfigError` naming ``--register`` or ``--alias``."""
     from mlflow.exceptions import MlflowException
 
-    from tamrun.tracking.server_access import access_error
+    from tamrun.tracking.store.server_access import access_error
 
     try:
         client.create_registered_model(name, description="Registered by python -m tamrun.compare --register")

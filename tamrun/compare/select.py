@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 from tamrun.errors import ConfigError
-from tamrun.tracking.sweep_summary import PARENT_TAG, SWEEP_ID_TAG, SWEEP_JOB_TAG
+from tamrun.tracking.sweep_record.sweep_summary import PARENT_TAG, SWEEP_ID_TAG, SWEEP_JOB_TAG
 from tamrun.tracking.ui_view import DECISIVE_METRICS
 
 LAST = "last"  # --sweep last: the newest sweep of the experiment

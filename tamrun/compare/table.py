@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tamrun.numbers import significant
 from tamrun.tracking.metric_keys import logged_value
-from tamrun.tracking.sweep_names import VALUE_TAG_PREFIX
+from tamrun.tracking.sweep_record.sweep_names import VALUE_TAG_PREFIX
 from tamrun.tracking.ui_view import DECISIVE_METRICS, DECISIVE_PARAMS, DECISIVE_TAGS
 
 MISSING = "-"

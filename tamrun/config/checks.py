@@ -14,7 +14,7 @@ from typing import Any, List, Mapping
 from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_size, cli_text
 from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode,
                                   schema_default)
-from tamrun.data.expr import parse_expression
+from tamrun.config.expr import parse_expression
 from tamrun.errors import ConfigError
 
 _DERIVED_KINDS = ("time_index", "isin", "expr")

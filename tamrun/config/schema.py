@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from tamrun.memory.units import parse_size
+from tamrun.config.units import parse_size
 
 # The metadata keys of a `mapping_of` field: the dataclass of its entries, and what one entry is called.
 ENTRY_TYPE = "entry_type"
@@ -91,7 +91,7 @@ class AdaptiveMethod(str, Enum):
 
 
 class IntervalMethod(str, Enum):
-    """How prediction intervals are calibrated (tamrun/intervals.py): ``auto`` is ``online`` for the
+    """How prediction intervals are calibrated (tamrun/fit/intervals.py): ``auto`` is ``online`` for the
     day-ahead modes (adaptive, aggregate: their forecasts are issued day by day) and ``fixed`` for a run."""
 
     auto = "auto"
@@ -116,7 +116,7 @@ class AggregationRule(str, Enum):
 
 class PenaltyMode(str, Enum):
     """How the effects' penalties are set: ``fixed`` = each effect's configured ``ap``; ``gcv`` = chosen
-    by generalised cross-validation on the training rows before the fit (`tamrun.solve.gcv`)."""
+    by generalised cross-validation on the training rows before the fit (`tamrun.fit.gcv`)."""
 
     fixed = "fixed"
     gcv = "gcv"
@@ -164,7 +164,7 @@ class DerivedColumn:
     kind ``time_index``: (date - first training date) in units of ``unit`` (a pandas offset such as
     ``D`` or ``h``); kind ``isin``: 1.0 where ``column`` takes one of ``values``, else 0.0;
     kind ``expr``: arithmetic and comparisons on columns and literals (``(temp_f - 32) / 1.8``,
-    ``dow >= 5``), checked against an allow-list before it is evaluated (`tamrun.data.expr`).
+    ``dow >= 5``), checked against an allow-list before it is evaluated (`tamrun.config.expr`).
     """
 
     kind: str = MISSING
@@ -237,7 +237,7 @@ class GcvConfig:
     descent over the tuned effects, each effect's log10 penalty taken from the grid
     ap_j + {-span, -span + step, ..., +span} around its configured ``ap`` (clipped to [-60, 20]) with
     the other effects' held, for at most ``sweeps`` passes over the effects (fewer once a pass changes
-    nothing). The criterion is the pooled GCV score of the training rows (`tamrun.solve.gcv`)."""
+    nothing). The criterion is the pooled GCV score of the training rows (`tamrun.fit.gcv`)."""
 
     # Half-width of each effect's grid, in decades of lambda.
     span: float = 3.0
@@ -277,13 +277,13 @@ class HardwareConfig:
     device: DeviceKind = DeviceKind.auto
     # Order tried by device=auto.
     preference: List[str] = field(default_factory=lambda: ["cuda", "mps", "xpu", "cpu"])
-    # torch intra-op threads on the CPU; None: the CPUs a job has (tamrun/threads.py): all usable cores
+    # torch intra-op threads on the CPU; None: the CPUs a job has (tamrun/machine/threads.py): all usable cores
     # (affinity mask, cgroup CPU quota) in a single run, cores // jobs at once in a parallel sweep
     # (hydra/launcher=parallel: n_jobs), ray.remote.num_cpus or cpus_per_task under Ray or SLURM; at most
     # OMP_NUM_THREADS when the environment sets it.
     threads: Optional[int] = None
     # hydra/launcher=parallel: fork the sweep's worker processes from the launching one, which loads the
-    # job's modules (torch, pandas, MLflow, tamrun) once before they start (tamrun/forked_workers.py);
+    # job's modules (torch, pandas, MLflow, tamrun) once before they start (tamrun/sweeps/forked_workers.py);
     # false: joblib's loky workers, fresh interpreters that each import them (~5 s on 2 cores).
     fork_workers: bool = True
     # torch.use_deterministic_algorithms and tamrun's own deterministic kernels (the leaf sums slot by slot
@@ -293,7 +293,7 @@ class HardwareConfig:
     deterministic: bool = False
     # The CPU as a compute device of its own (hw=check; tests and debugging): tensors placed on it are
     # tagged, and an operation mixing them with host tensors fails as it would on a GPU
-    # (tamrun/placement.py). Only with a CPU device; the run is slower (a Python hook on every operation).
+    # (tamrun/machine/placement.py). Only with a CPU device; the run is slower (a Python hook on every operation).
     check_placement: bool = False
 
 
@@ -332,7 +332,7 @@ class MemoryConfig:
     limit: Optional[str] = None
     # On the CPU the oracle plans in what is left below the tightest real limit (the cgroup's memory
     # limit, RLIMIT_AS, RLIMIT_DATA, available RAM) less what the process holds, less this margin
-    # (tamrun/memory/limits.py): room for what no footprint counts (Python objects, the metrics, the
+    # (tamrun/machine/limits.py): room for what no footprint counts (Python objects, the metrics, the
     # tracking calls, the allocator's slack). What the recording adds (the predictions table, the plots,
     # the model) is reserved beside it (tamrun/memory/footprint.py, recording_bytes).
     safety_margin: str = "16MiB"
@@ -358,7 +358,7 @@ class MemoryConfig:
     # allocator's peak above each phase's start (no per-operation hook).
     meter: bool = True
     # The meter counts repeated work once (the first row chunk, group, chunk of groups and CG
-    # iteration of each shape: tamrun/memory/sampling.py), at a few per cent of the fit; false: every
+    # iteration of each shape: tamrun/machine/sampling.py), at a few per cent of the fit; false: every
     # operation (the check of the sampled figures, up to half the fit's time again).
     meter_sampling: bool = True
     # The OOM guard; the environment variables OOM_MAX_RETRIES / OOM_SIZE_FACTOR / OOM_DELAY_MS /
@@ -588,7 +588,7 @@ class TcoConfig:
 
 @dataclass
 class IntervalConfig:
-    """Prediction intervals (tamrun/intervals.py, docs/serving.md): for each level p, the forecast plus the
+    """Prediction intervals (tamrun/fit/intervals.py, docs/serving.md): for each level p, the forecast plus the
     (1 - p) / 2 and (1 + p) / 2 quantiles of residuals of rows before the period it covers (a run: its
     validation split, else its training rows; the day-ahead modes: the validation period's day-ahead
     forecasts, then each test day once its truth is known). In the predictions table (lower_80, upper_80),

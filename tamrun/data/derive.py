@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from tamrun.config.schema import DerivedColumn
-from tamrun.data.expr import evaluate, names, parse_expression
+from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.errors import DataError
 
 
@@ -20,7 +20,7 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
 
     ``time_index``: (date - origin) / unit, a float (origin: the frame's first date unless given);
     ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: the expression's value as float
-    (`tamrun.data.expr`: arithmetic and comparisons on columns and literals, checked before it is evaluated).
+    (`tamrun.config.expr`: arithmetic and comparisons on columns and literals, checked before it is evaluated).
     """
     out = frame.copy(deep=False)
     for name, spec in derived.items():
@@ -45,7 +45,7 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
 def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str], Set[str]]:
     """The file columns the derived columns read: (config field -> column of each ``isin``, which
     must exist; the names an ``expr`` mentions, which are read when they are columns). An expression
-    that is not allowed is refused here, before any data is read (`tamrun.data.expr.parse_expression`)."""
+    that is not allowed is refused here, before any data is read (`tamrun.config.expr.parse_expression`)."""
     required: Dict[str, str] = {}
     mentioned: Set[str] = set()
     for name, spec in derived.items():

@@ -18,7 +18,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from tamrun.effects.indexed import IndexedBlock
-from tamrun.memory.sampling import repeating, steady
+from tamrun.machine.sampling import repeating, steady
 
 
 def jittered_factor(matrix: torch.Tensor, jitter: float) -> torch.Tensor:
@@ -38,7 +38,7 @@ def add_gram_(out: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """out (g, K, K) += dense_g' dense_g for dense (g, n, K): one 2-D product per group, each into a
     fresh (64-byte aligned) tensor, then added: MKL's GEMM rounds differently with the alignment of
     its output, and out[g]'s alignment depends on the group's place in the chunk. The groups repeat
-    the first one's allocations (`tamrun.memory.sampling`). Off the CPU, one batched product."""
+    the first one's allocations (`tamrun.machine.sampling`). Off the CPU, one batched product."""
     if not one_group_at_a_time(dense):
         return out.add_(dense.mT @ dense)
     with repeating(("gram", dense.shape, dense.dtype)):

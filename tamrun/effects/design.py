@@ -15,7 +15,7 @@ import torch
 from tamrun.data.batch import GroupedBatch, RangeScaler
 from tamrun.effects.base import Effect, IndexedEffect
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, PenaltyBlock
-from tamrun.placement import HOST, to_device
+from tamrun.machine.placement import HOST, to_device
 
 
 @dataclass
@@ -82,7 +82,7 @@ class AdditiveDesign:
 
     def to(self, device: torch.device) -> "AdditiveDesign":
         """A copy with every tensor of the design (per-group ranges, each effect's state) on ``device``
-        (`tamrun.placement.to_device`); this design is left as it is."""
+        (`tamrun.machine.placement.to_device`); this design is left as it is."""
         return to_device(self, device)
 
     def of_groups(self, index: torch.Tensor) -> "AdditiveDesign":

@@ -93,7 +93,7 @@ class IndexedBlock:
     def prepare(self, dtype: torch.dtype) -> None:
         """Build now what the products build at their first call (the row values; the indicators, which
         products in ``dtype`` use unless torch's deterministic algorithms are on): a block kept between
-        products then holds all of it from the start (`tamrun.memory.sampling`: a product allocates only
+        products then holds all of it from the start (`tamrun.machine.sampling`: a product allocates only
         its temporaries)."""
         self.row_values()
         if not torch.are_deterministic_algorithms_enabled():

@@ -1,4 +1,4 @@
-"""Each mode's prediction intervals (`tamrun.intervals`): which residuals calibrate them, and their scores.
+"""Each mode's prediction intervals (`tamrun.fit.intervals`): which residuals calibrate them, and their scores.
 
     mode=run: fixed bands from the validation split's residuals (else the training rows'), scored on
               every split and stored with the logged model (its served output carries them)
@@ -18,7 +18,7 @@ import torch
 
 from tamrun.config.schema import Config, IntervalMethod, ModeName
 from tamrun.data.batch import GroupedBatch
-from tamrun.intervals import GroupBands, calibrate, interval_metrics, online_bands
+from tamrun.fit.intervals import GroupBands, calibrate, interval_metrics, online_bands
 from tamrun.pipeline import Fit
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def method_of(config: Config) -> IntervalMethod:
 
 
 def row_groups(batch: GroupedBatch) -> np.ndarray:
-    """The group index (n,) of each real row of ``batch``, in the order `tamrun.evaluate.scored` gives them."""
+    """The group index (n,) of each real row of ``batch``, in the order `tamrun.fit.evaluate.scored` gives them."""
     return np.nonzero(batch.row_index >= 0)[0]
 
 

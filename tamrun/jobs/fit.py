@@ -15,17 +15,17 @@ import torch
 
 from tamrun.config.schema import Config, DataConfig
 from tamrun.data.batch import GroupedBatch
-from tamrun.evaluate import (predictions_table, require_finite, require_plausible, require_supported, scored,
+from tamrun.fit.evaluate import (predictions_table, require_finite, require_plausible, require_supported, scored,
                              split_scores)
-from tamrun.intervals import GroupBands, interval_metrics, level_label
+from tamrun.fit.intervals import GroupBands, interval_metrics, level_label
 from tamrun.jobs.bands import batch_bands, row_groups
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
-from tamrun.memory.profiler import PhaseRecorder
+from tamrun.device.profiler import PhaseRecorder
 from tamrun.numbers import significant
 from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve, support_fix
-from tamrun.progress import ChunkProgress, IterationProgress
+from tamrun.fit.progress import ChunkProgress, IterationProgress
 from tamrun.tco.run import record_tco, run_plan, tco_metrics
 from tamrun.tracking.mlflow_run import TrackedRun
 

@@ -18,14 +18,14 @@ from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
 from tamrun.data.chunks import GroupChunk
 from tamrun.data.load import frame_bytes
-from tamrun.device import DeviceManager
-from tamrun.fitted import prediction_batch
-from tamrun.memory.host import release_freed_host_memory
+from tamrun.device.manager import DeviceManager
+from tamrun.fit.fitted import prediction_batch
+from tamrun.machine.host import release_freed_host_memory
 from tamrun.memory.guard import ChunkLoop, HostRoomWatch, OomLog, ProgressCallback, no_progress, oom_settings
 from tamrun.memory.meter import TensorMeter
 from tamrun.memory.oracle import Plan
-from tamrun.memory.profiler import PhaseRecorder
-from tamrun.memory.tracker import MemoryTracker
+from tamrun.device.profiler import PhaseRecorder
+from tamrun.machine.tracker import MemoryTracker
 from tamrun.pipeline import Features, Splits, build_features, load_splits, plan_memory
 from tamrun.tco.plan import ClassFit
 from tamrun.tco.run import classes_of, measured_class

@@ -10,14 +10,14 @@ import pandas as pd
 
 from tamrun.data.load import table_path
 from tamrun.effects.design import describe
-from tamrun.evaluate import group_metrics
+from tamrun.fit.evaluate import group_metrics
 from tamrun.jobs.prepare import Prepared
-from tamrun.memory.report import memory_report, report_text
+from tamrun.device.memory_report import memory_report, report_text
 from tamrun.pipeline import Fit
-from tamrun.solve.gcv import GcvSelection
-from tamrun.tracking.datasets import dataset_inputs
+from tamrun.fit.gcv import GcvSelection
+from tamrun.tracking.artifacts.datasets import dataset_inputs
 from tamrun.tracking.mlflow_run import TrackedRun
-from tamrun.tracking.run_plots import log_run_plots
+from tamrun.tracking.artifacts.run_plots import log_run_plots
 
 
 def coefficients_frame(fit: Fit) -> pd.DataFrame:
@@ -38,7 +38,7 @@ def record_selection(tracked: TrackedRun, selection: Optional[GcvSelection], off
 
 
 def record_inputs(tracked: TrackedRun, prepared: Prepared) -> None:
-    """The run's splits as MLflow dataset inputs (`tamrun.tracking.datasets`)."""
+    """The run's splits as MLflow dataset inputs (`tamrun.tracking.artifacts.datasets`)."""
     if not tracked.enabled:
         return
     data, splits = prepared.config.data, prepared.splits

@@ -33,7 +33,7 @@ from tamrun.data.chunks import GroupChunk
 from tamrun.data.load import table_path
 from tamrun.data.parquet import DateWindow, is_parquet
 from tamrun.data.scan import scan_table
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError, TamrunError
 from tamrun.jobs.result import RunResult
 from tamrun.jobs.stream import PredictionSink, StreamPlan, StreamTotals, require_streamable, stream_job, stream_plan
@@ -120,14 +120,14 @@ class CollectedTables:
 
 
 def join_cluster(shard: ShardConfig) -> Any:
-    """Ray, joined to shard.address (`tamrun.ray_start.start_ray`; None: RAY_ADDRESS or a Ray of this
+    """Ray, joined to shard.address (`tamrun.cluster.start.start_ray`; None: RAY_ADDRESS or a Ray of this
     process's own); without Ray installed, a config error naming shard.over."""
     try:
         import ray
     except ImportError:
         raise ConfigError("shard.over", "ray", "Ray is not installed in this environment",
                           "pip install 'tamrun[ray]' (on the driver and every node), or shard.over=local") from None
-    from tamrun.ray_start import start_ray
+    from tamrun.cluster.start import start_ray
 
     start_ray({"address": shard.address} if shard.address else {}, setting="shard.address")
     return ray

@@ -40,19 +40,19 @@ from tamrun.data.file_kind import sniff
 from tamrun.data.load import read_header, table_path
 from tamrun.data.parquet import DateWindow, is_parquet, parquet_dataset
 from tamrun.data.scan import scan_table
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError
-from tamrun.evaluate import ScoreSums, group_metrics, scored
+from tamrun.fit.evaluate import ScoreSums, group_metrics, scored
 from tamrun.jobs.fit import (ScoredSplit, band_metrics, calibration_bands, calibration_split, checked_metrics,
                              evaluation_table, predict_splits, solve_phase)
 from tamrun.jobs.prepare import prepare
 from tamrun.jobs.record import coefficients_frame
 from tamrun.jobs.result import RunResult
 from tamrun.memory.footprint import stream_row_bytes
-from tamrun.memory.host import release_freed_host_memory
-from tamrun.memory.limits import binding_limit
+from tamrun.machine.host import release_freed_host_memory
+from tamrun.machine.limits import binding_limit
 from tamrun.memory.oracle import ChunkPlan, MemoryOracle
-from tamrun.memory.units import format_size
+from tamrun.config.units import format_size
 from tamrun.numbers import significant
 from tamrun.pipeline import read_columns
 from tamrun.solve.stats import FitStats

@@ -21,7 +21,7 @@ scatter temporaries for indexed blocks), apply (one product Phi v or Phi' u). Pe
                     per row max(build - store, apply) the chunk being built becomes part of the cache
     cg, rebuilt     fixed (8 D + 3 K) s, per row build + apply
     predict         fixed D s, per row max(build, store + apply) + s; plus the (G, N) predictions
-    gcv (model.penalties=gcv, `tamrun.solve.gcv`)
+    gcv (model.penalties=gcv, `tamrun.fit.gcv`)
                     held    (D^2 + D + 2) s for every group through the search (Gram, Phi'y, y'y, n)
                     build   fixed (D^2 + D) s (a chunk's Gram and Phi'y before they are kept), per row
                             as the direct route's
@@ -286,7 +286,7 @@ def gcv_build_cost(p: ProblemSize) -> StepCost:
 
 
 def gcv_score_bytes(p: ProblemSize) -> int:
-    """Bytes of one group's GCV score at one candidate penalty (`tamrun.solve.gcv.gcv_terms`)."""
+    """Bytes of one group's GCV score at one candidate penalty (`tamrun.fit.gcv.gcv_terms`)."""
     return (8 * p.width * p.width + 6 * p.width) * p.itemsize
 
 

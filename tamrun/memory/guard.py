@@ -29,10 +29,10 @@ import torch
 from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
 from tamrun.memory.footprint import data_step_bytes
-from tamrun.memory.gpu import GPU_FIX, GpuMemory, is_device_oom
-from tamrun.memory.limits import HARD, WHAT, Limit, binding_limit
-from tamrun.memory.tracker import MemoryTracker
-from tamrun.memory.units import format_size
+from tamrun.machine.gpu import GPU_FIX, GpuMemory, is_device_oom
+from tamrun.machine.limits import HARD, WHAT, Limit, binding_limit
+from tamrun.machine.tracker import MemoryTracker
+from tamrun.config.units import format_size
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,11 +17,11 @@ operation. An operation whose every result aliases an input (a view, an in-place
 nothing and is passed through at once.
 
 The hook costs Python work per operation, so the meter counts repeated work once
-(`tamrun.memory.sampling`): the first block of each key is metered and its rise kept, a later block of
+(`tamrun.machine.sampling`): the first block of each key is metered and its rise kept, a later block of
 that key runs without the hook and is charged that rise above the bytes alive when it began;
 ``steady()`` takes the hook off until the innermost block ends. The peak stays exact as long as the
 blocks of a key allocate alike; ``TensorMeter(sample=False)`` meters every operation (the check).
-On CUDA the allocator's own peak statistics replace the meter (`tamrun.memory.profiler`).
+On CUDA the allocator's own peak statistics replace the meter (`tamrun.device.profiler`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tamrun.memory.guard import is_oom
-from tamrun.memory.sampling import ACTIVE
+from tamrun.machine.sampling import ACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def creates_storage(func) -> bool:
 
 class TensorMeter(TorchDispatchMode):
     """``with TensorMeter() as meter: ...`` then ``meter.peak`` (bytes); ``meter.live`` is current.
-    ``sample``: count repeated blocks once (`tamrun.memory.sampling`); False meters every operation.
+    ``sample``: count repeated blocks once (`tamrun.machine.sampling`); False meters every operation.
     ``device_type``: count only the storages on devices of that type ("cuda"); None: every device."""
 
     @classmethod
@@ -145,7 +145,7 @@ class TensorMeter(TorchDispatchMode):
             self._sweep()
             self.peak = max(self.peak, self._bound)
 
-    # --- sampling (tamrun.memory.sampling) ----------------------------------------------------------
+    # --- sampling (tamrun.machine.sampling) ----------------------------------------------------------
 
     def _pause(self) -> None:
         """Take the hook off (leave the mode stack; tamrun runs no other dispatch mode inside it)."""
@@ -159,7 +159,7 @@ class TensorMeter(TorchDispatchMode):
     @contextmanager
     def block(self, key: Hashable, size: int = 0, keeps: bool = False) -> Iterator[None]:
         """A block of work keyed by ``key``, of extent ``size``, closed unless it ``keeps`` what it makes
-        (`tamrun.memory.sampling.repeating`)."""
+        (`tamrun.machine.sampling.repeating`)."""
         known = self._rises.get(key)
         if self._paused or not self.sample:
             yield

@@ -8,7 +8,7 @@ group's dense system (plus a one-row chunk) fits in memory.dense_fraction of the
 matrix-free CG. Step 2 picks the chunks (`select_chunk`): the largest (groups, rows) whose footprint
 fits in memory.chunk_fraction_gpu / _cpu of the free memory. The user's memory.limit caps the free
 memory in both steps (here, and only here). The free memory comes with the limit it was read under
-(`tamrun.memory.limits.Limit`: on the CPU the tightest of the cgroup, the rlimits and the available
+(`tamrun.machine.limits.Limit`: on the CPU the tightest of the cgroup, the rlimits and the available
 RAM); the plan records which limit binds (`Plan.bound_by`) and a refusal names it.
 """
 
@@ -24,8 +24,8 @@ from tamrun.memory.footprint import (ProblemSize, StepCost, cg_cache_bytes, cg_r
                                      dense_system_bytes, direct_row_bytes, dual_system_bytes, gcv_build_cost,
                                      gcv_held_bytes, gcv_score_bytes, predict_output_bytes, predict_row_bytes,
                                      select_chunk, step_bytes)
-from tamrun.memory.limits import HARD, Limit
-from tamrun.memory.units import format_size
+from tamrun.machine.limits import HARD, Limit
+from tamrun.config.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ChunkPlan:
 
 @dataclass(frozen=True)
 class SelectPlan:
-    """The penalty selection's memory (model.penalties=gcv, `tamrun.solve.gcv`): ``held`` bytes of every
+    """The penalty selection's memory (model.penalties=gcv, `tamrun.fit.gcv`): ``held`` bytes of every
     group's statistics kept through the search, the chunks that build them (``build``, groups x rows) and
     the chunks of groups scored at once per candidate penalty (``score``, rows unused)."""
 
@@ -75,7 +75,7 @@ class Plan:
     chunk_fraction: float  # memory.chunk_fraction_gpu / _cpu (or window_fraction_* for window batches)
     predict_output: int  # bytes of the (G, N) predictions, held through the predict step
     dual: bool  # direct route in the dual form: one N x N system per group (N < D)
-    bound_by: str = "device memory"  # the limit that binds the free memory (a key of tamrun.memory.limits.WHAT)
+    bound_by: str = "device memory"  # the limit that binds the free memory (a key of tamrun.machine.limits.WHAT)
     bound_detail: str = ""  # that limit in words, with what is in use and left
     select: Optional[SelectPlan] = None  # the penalty selection's (model.penalties=gcv), None without one
 

@@ -22,7 +22,7 @@ from tamrun.config.schema import SolverConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, add_gram_
 from tamrun.effects.design import AdditiveDesign
-from tamrun.memory.sampling import repeating
+from tamrun.machine.sampling import repeating
 from tamrun.solve.coarse import CoarseCorrection, accumulate_sources, coarse_correction
 from tamrun.solve.direct import cholesky_solve
 from tamrun.solve.preconditioners import Preconditioner, grid_block_inverses, preconditioner
@@ -109,7 +109,7 @@ class CgSystem:
         self.coarse: Optional[CoarseCorrection] = None  # two_level's correction (set by _assemble)
         if cache:
             self.cached = []
-            for rows in self.spans:  # chunks of a size keep alike (`tamrun.memory.sampling`)
+            for rows in self.spans:  # chunks of a size keep alike (`tamrun.machine.sampling`)
                 with repeating(("kept chunk", self.n.shape[0], rows.stop - rows.start, design.width, batch.x.dtype),
                                keeps=True):
                     self.cached.append(self.chunk(rows))

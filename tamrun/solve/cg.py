@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from tamrun.memory.sampling import steady
+from tamrun.machine.sampling import steady
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.
         p = z + beta.unsqueeze(-1) * p
         rz = rz_new
         if step == 0:
-            steady()  # the later iterations allocate as the first did (`tamrun.memory.sampling`)
+            steady()  # the later iterations allocate as the first did (`tamrun.machine.sampling`)
     on_iteration(CgProgress(len(history) - 1, worst, tol, done, groups, final=True))
     if done < groups:
         log.warning("CG stopped after solver.max_iter=%d iterations with %d of %d group(s) unconverged "

@@ -46,7 +46,7 @@ import torch
 
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, one_group_at_a_time
 from tamrun.effects.indexed import IndexedBlock
-from tamrun.memory.sampling import repeating, steady
+from tamrun.machine.sampling import repeating, steady
 from tamrun.solve.preconditioners import Preconditioner, per_group_inverse
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def per_group_products(matrices: GroupMatrices, vectors: torch.Tensor) -> torch.
     with repeating(("per-group products", matrices[0].shape, vectors.shape, vectors.dtype)):
         for i, matrix in enumerate(matrices):
             out[i] = matrix @ padded[i, :p]
-            steady()  # the other groups allocate as the first did (`tamrun.memory.sampling`)
+            steady()  # the other groups allocate as the first did (`tamrun.machine.sampling`)
     return out
 
 

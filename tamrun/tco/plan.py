@@ -18,10 +18,10 @@ from typing import List, Optional
 from tamrun.config.schema import MachineClass, MemoryConfig, TcoConfig
 from tamrun.errors import MemoryBudgetError
 from tamrun.memory.footprint import ProblemSize
-from tamrun.memory.gpu import CUDA_CONTEXT_ESTIMATE
-from tamrun.memory.limits import Limit
+from tamrun.machine.gpu import CUDA_CONTEXT_ESTIMATE
+from tamrun.machine.limits import Limit
 from tamrun.memory.oracle import MemoryOracle, Plan
-from tamrun.memory.units import format_size
+from tamrun.config.units import format_size
 from tamrun.tco.time import chunk_overhead, group_steps
 
 GIB = 2**30

@@ -14,7 +14,7 @@ from typing import Dict, List, Mapping, Optional
 import psutil
 
 from tamrun.config.schema import Config, PenaltyMode
-from tamrun.device import DeviceManager
+from tamrun.device.manager import DeviceManager
 from tamrun.memory.oracle import Plan
 from tamrun.pipeline import Features, recording_reserve, run_problem_size
 from tamrun.tco.plan import GIB, SECONDS_PER_HOUR, ClassFit, Problem, TcoPlan, Work, fits_of, priced

@@ -11,7 +11,7 @@ Every run logs its log as the artifact ``logs/run.log`` (with the traceback when
 Params, tags and text artifacts pass through `tamrun.redact.redacted`: a password in a URI
 (``postgresql://user:password@host/db``) is written as ``***``. A locked server's refusal (no or wrong
 credentials, a READ-only user, an untrusted certificate) ends the command with one error naming the setting
-(`tamrun.tracking.server_access`); a run refused its creation is not there, one created is ended FAILED.
+(`tamrun.tracking.store.server_access`); a run refused its creation is not there, one created is ended FAILED.
 """
 
 from __future__ import annotations
@@ -26,19 +26,19 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tamrun.config.schema import TrackingConfig
 from tamrun.errors import INTERRUPTED, ConfigError, FilesystemError, TamrunError, error_kind
-from tamrun.filesystem import Place, filesystem_error, temporary_place, writing
-from tamrun.tracking.held_spool import spool_dir, upload_waiting
+from tamrun.process.filesystem import Place, filesystem_error, temporary_place, writing
+from tamrun.tracking.sweep_record.held_spool import spool_dir, upload_waiting
 from tamrun.tracking.metric_keys import metric_key
 from tamrun.tracking.params import to_params
 from tamrun.tracking.run_names import NAME_KEY_TAG, earlier_runs, name_key, numbered
 from tamrun.tracking.runlog import RunLog
 from tamrun.redact import redacted, redacted_value
-from tamrun.tracking.secrets import env_uri
-from tamrun.tracking.server_access import access_error
+from tamrun.tracking.store.secrets import env_uri
+from tamrun.tracking.store.server_access import access_error
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_in_store, process_tags
-from tamrun.tracking.tables import write_frame
-from tamrun.tracking.store import (active_experiment, artifact_place, check_artifact_location, check_store,
+from tamrun.tracking.artifacts.tables import write_frame
+from tamrun.tracking.store.store import (active_experiment, artifact_place, check_artifact_location, check_store,
                                   experiment_id, local_folder, open_client, retry_on_conflict, sqlite_path, store_error,
                                   store_place)
 from tamrun.tracking.ui_view import ensure_runs_view, runs_table_url
@@ -281,7 +281,7 @@ class TrackedRun:
 
     def places(self) -> List[Place]:
         """The folders this run writes (its artifacts, the store, the temporary folder), for
-        `tamrun.filesystem.filesystem_error`."""
+        `tamrun.process.filesystem.filesystem_error`."""
         db, folder = sqlite_path(self.uri), local_folder(self.artifact_location)
         return ([artifact_place(folder)] if folder is not None else []) + \
             ([store_place(db, uri_setting(self.cfg))] if db is not None else []) + [temporary_place()]
@@ -410,7 +410,7 @@ class TrackedRun:
             self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
 
     def log_inputs(self, inputs: List[Any]) -> None:
-        """MLflow ``DatasetInput``s (`tamrun.tracking.datasets.dataset_inputs`)."""
+        """MLflow ``DatasetInput``s (`tamrun.tracking.artifacts.datasets.dataset_inputs`)."""
         if self.enabled and inputs:  # jobs of a sweep log the same dataset at once (`retry_on_conflict`)
             retry_on_conflict(lambda: self.client.log_inputs(self.run_id, datasets=inputs))
 
@@ -421,7 +421,7 @@ class TrackedRun:
 
     def artifact(self, artifact_file: Optional[str] = None) -> Optional[Path]:
         """The local path of this run's artifact ``artifact_file`` (its artifact folder without it); None
-        for a remote artifact store. What a write there names when it fails (`tamrun.filesystem.writing`)."""
+        for a remote artifact store. What a write there names when it fails (`tamrun.process.filesystem.writing`)."""
         folder = local_folder(self.artifact_uri)
         return folder / artifact_file if folder is not None and artifact_file else folder
 
@@ -451,7 +451,7 @@ class TrackedRun:
 
     def log_frame(self, frame: Any, artifact_file: str) -> None:
         """A pandas DataFrame as an artifact: Parquet (zstd) when ``artifact_file`` ends in .parquet,
-        else CSV (`tamrun.tracking.tables.write_frame`)."""
+        else CSV (`tamrun.tracking.artifacts.tables.write_frame`)."""
         if not self.enabled:
             return
         with tempfile.TemporaryDirectory() as tmp:

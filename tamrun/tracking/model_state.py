@@ -1,7 +1,7 @@
 """A fitted model as data, never code: its tensors in a safetensors file, everything else in JSON.
 
 A pickle runs whatever its bytes name when it is loaded: whoever can write to an artifact store could
-run code in every process that loads a model from it. `save_state` writes a `tamrun.fitted.FittedModel`
+run code in every process that loads a model from it. `save_state` writes a `tamrun.fit.fitted.FittedModel`
 as two files that only hold data, and `load_state` rebuilds it without unpickling anything:
 
     fitted.safetensors   every tensor (and numeric numpy array) of the model, named t0, t1, ...,

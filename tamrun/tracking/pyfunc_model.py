@@ -2,7 +2,7 @@
 (or ``models:/<model_id>``, or a registered ``models:/<name>@champion``).
 
 The model is logged as code (`tamrun.tracking.pyfunc_code`, MLflow's models-from-code: no object is
-cloudpickled) plus one artifact folder, the `tamrun.fitted.FittedModel` on the CPU as data
+cloudpickled) plus one artifact folder, the `tamrun.fit.fitted.FittedModel` on the CPU as data
 (`tamrun.tracking.model_state`: its tensors in safetensors, the rest in JSON; loading it unpickles
 nothing): the design with its per-group feature ranges and each effect's state, the (G, D)
 coefficients, the group order and the data recipe (derived columns, the time index's origin, the date,
@@ -37,11 +37,11 @@ import mlflow.pyfunc
 import pandas as pd
 
 import tamrun
-from tamrun.filesystem import writing
-from tamrun.fitted import FittedModel
-from tamrun.placement import HOST
+from tamrun.process.filesystem import writing
+from tamrun.fit.fitted import FittedModel
+from tamrun.machine.placement import HOST
 from tamrun.tracking.model_state import load_state, save_state
-from tamrun.tracking.store import local_folder
+from tamrun.tracking.store.store import local_folder
 
 log = logging.getLogger(__name__)
 

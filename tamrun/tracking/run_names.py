@@ -8,7 +8,7 @@ a value cut as in a sweep's names), then the device's kind when the run computes
 override named it. What changes nothing the run computes (``tracking.*``, ``progress``) is left out.
 Two runs that differ in anything the command line set are so named apart; identical reruns are
 numbered by the tracker (``fourier-national #2``, `tamrun.tracking.mlflow_run`). A sweep's jobs are
-named by their swept values instead (`tamrun.tracking.sweep_names`).
+named by their swept values instead (`tamrun.tracking.sweep_record.sweep_names`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Iterable, List, Optional, Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from tamrun.config.schema import Config
-from tamrun.tracking.sweep_names import MAX_RUN_NAME, compact
+from tamrun.tracking.sweep_record.sweep_names import MAX_RUN_NAME, compact
 
 # Overrides that change how a run is recorded or shown, not what it computes.
 UNNAMED = ("tracking", "progress", "hydra")

@@ -137,7 +137,7 @@ def interruptible() -> Iterator[None]:
 class SignalSafe:
     """``target`` (an `MlflowClient`) with every method call inside `signals_deferred`: a store call
     completes, then the signal that arrived meanwhile is raised. ``around(name)``, when given, is a
-    context every call also runs in (`tamrun.tracking.store_wait.StoreWatch.call`)."""
+    context every call also runs in (`tamrun.tracking.store.store_wait.StoreWatch.call`)."""
 
     def __init__(self, target: Any, around: Optional[Callable[[str], ContextManager[Any]]] = None) -> None:
         self.target = target

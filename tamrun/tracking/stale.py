@@ -6,7 +6,7 @@ command that opens a store (a run of any experiment, ``python -m tamrun.compare`
 its store exists) marks KILLED the RUNNING runs of every experiment of that store started on the same
 host whose process is no longer there, with the tag ``tamrun.killed_reason`` saying why and by which
 command. A run of another host is left to that host's next command (or, for a Ray job, to its
-launcher: `tamrun.tracking.lost_jobs`): its process cannot be looked at from here.
+launcher: `tamrun.sweeps.lost_jobs`): its process cannot be looked at from here.
 """
 
 from __future__ import annotations

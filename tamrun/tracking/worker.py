@@ -1,6 +1,6 @@
 """Where a job ran when a cluster launcher placed it: the Ray node, task and the resources Ray
 reserved for it, as run tags (``ray.node_id``, ``ray.task_id``, ``ray.resources``), and the names (never the
-values) of the variables its runtime environment handed it (``ray.env``: `tamrun.ray_env`).
+values) of the variables its runtime environment handed it (``ray.env``: `tamrun.cluster.env`).
 
 Ray is looked at only when the process already imported it (a Ray worker has): a run outside Ray
 gets no tags and imports nothing."""
@@ -15,7 +15,7 @@ from typing import Dict
 
 log = logging.getLogger(__name__)
 
-# The names of the secret variables a Ray task was handed as its argument (`tamrun.ray_jobs`), not in
+# The names of the secret variables a Ray task was handed as its argument (`tamrun.sweeps.ray_launch`), not in
 # its runtime environment: the run's ray.env tag lists them with the others.
 SECRET_NAMES = "TAMRUN_RAY_SECRET_NAMES"
 

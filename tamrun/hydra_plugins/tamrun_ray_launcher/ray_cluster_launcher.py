@@ -5,7 +5,7 @@ It takes the config shape of hydra-ray-launcher's RayLauncher (``ray.init``, ``r
 jobs the same way, on Ray's core alone (the plugin itself is not needed), but waits for every job and
 does not end the sweep when one is lost: a job whose Ray worker died (SIGKILL, a kernel OOM kill, a
 lost node) has its run marked KILLED in the tracking store and counts as a failed job in the parent's
-summary, while the other jobs finish (`tamrun.ray_jobs`).
+summary, while the other jobs finish (`tamrun.sweeps.ray_launch`).
 Importing this module imports neither Ray nor tamrun: Hydra imports every plugin module at start.
 """
 
@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 
 class RayClusterLauncher(Launcher):
-    """Hydra's launcher interface over `tamrun.ray_jobs.launch`; ``ray``: {init: ray.init's keyword
+    """Hydra's launcher interface over `tamrun.sweeps.ray_launch.launch`; ``ray``: {init: ray.init's keyword
     arguments, remote: ray.remote's options for each job}."""
 
     def __init__(self, ray: DictConfig) -> None:
@@ -33,7 +33,7 @@ class RayClusterLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from tamrun.ray_jobs import launch
+        from tamrun.sweeps.ray_launch import launch
 
         return launch(self, job_overrides, initial_job_idx)
 

@@ -1,0 +1,1 @@
+"""The device a run computes on (`DeviceManager`), its memory timeline and the run's memory report."""

@@ -1,0 +1,1 @@
+"""A run's artifacts: its data as dataset inputs, tables (Parquet or CSV), its plots."""
