@@ -1,6 +1,8 @@
 """Static checks of the package's structure, read from its source with `ast` (tamrun is not imported):
 
 - no import cycle between tamrun modules;
+- imports only go down the layers (`LAYERS`: each top-level package or module on a floor), at most
+  MAX_TOP_LEVEL_MODULES modules at tamrun/'s top and MAX_PACKAGE_FILES in a folder;
 - no private name (``_x``, not a dunder) taken from another tamrun module, by import or attribute;
 - no function or method longer than MAX_FUNCTION_LINES lines;
 - no reference to a file outside the repository in the package, conf/, docs/ or README.md;
@@ -336,3 +338,82 @@ def test_ci_runs_exactly_the_readmes_test_command():
     assert ci[-1] == command and command.startswith("bash .ci/system-packages && ")
     packages = (ROOT / ".ci" / "system-packages").read_text()
     assert "postgresql" in packages and "chromium" in packages
+
+
+# --- b. layers: imports only go down --------------------------------------------------------------
+
+# tamrun's rooms (a top-level package or module; "__init__" is the package's own module), bottom to top.
+# A module imports only from its own room or a room on a lower floor: the direction docs/architecture.md
+# draws. A new room goes on the floor above everything it imports.
+LAYERS: Tuple[Tuple[str, ...], ...] = (
+    ("__init__", "redact", "numbers"),  # the package's version; what is secret; a figure's digits
+    ("errors",),  # tamrun's errors: field, value, fix
+    ("config",),  # the typed settings, their checks, sizes and expressions
+    ("data", "process", "machine"),  # the data; the process's edge; what the machine lets a run use
+    ("effects",),  # the design's blocks
+    ("solve",),  # the solvers
+    ("memory",),  # byte formulas, the oracle, the OOM guard, the meter
+    ("device",),  # the device manager, the memory timeline and report
+    ("fit",),  # the dispatcher, the fitted model, prediction, evaluation
+    ("pipeline",),  # the plain functions the jobs share
+    ("tracking",),  # the MLflow store and run
+    ("cluster",),  # joining a Ray cluster
+    ("sweeps",),  # a sweep's life
+    ("tco",),  # the plan and cost per machine class
+    ("jobs",), ("adaptive",), ("aggregate",),  # what a run does
+    ("compare",),  # a store's runs compared and registered
+    ("runner",),  # one run, built from its config
+    ("__main__", "bench", "hydra_plugins"),  # the entry points
+)
+MAX_TOP_LEVEL_MODULES = 8  # modules directly under tamrun/, __init__ and __main__ included
+MAX_PACKAGE_FILES = 15  # .py files in one folder, its __init__ included
+LARGER_PACKAGES = {"bench": 19}  # one module per benchmark (python -m tamrun.bench.<name>)
+
+
+def room(name: str) -> str:
+    """The room of a module: ``tamrun.solve.cg`` -> ``solve``, ``tamrun.errors`` -> ``errors``, ``tamrun`` -> ``__init__``."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def floor_of() -> Dict[str, int]:
+    return {name: floor for floor, rooms in enumerate(LAYERS) for name in rooms}
+
+
+def test_every_room_is_on_one_floor():
+    on_disk = {room(name) for name in modules()}
+    listed = [name for rooms in LAYERS for name in rooms]
+    assert len(listed) == len(set(listed)), "a room listed twice in LAYERS"
+    assert on_disk == set(listed), (f"rooms not in LAYERS: {sorted(on_disk - set(listed))}; "
+                                    f"listed but gone: {sorted(set(listed) - on_disk)}")
+
+
+def test_imports_only_go_down_the_layers():
+    """Every import from one room to another goes to a lower floor (LAYERS), inside functions included."""
+    floor = floor_of()
+    offenders = []
+    for name, targets in import_graph().items():
+        for target, line in targets.items():
+            here, there = room(name), room(target)
+            if here != there and floor[there] >= floor[here]:
+                offenders.append(f"{where(name, line)}  {name} (floor {floor[here]}) imports {target} "
+                                 f"(floor {floor[there]})")
+    assert not offenders, "imports that do not go down the layers:\n  " + "\n  ".join(sorted(offenders))
+
+
+def test_the_top_level_and_each_package_stay_small():
+    top = [path.name for path in PACKAGE.glob("*.py")]
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at tamrun/'s top level: {sorted(top)}"
+    crowded = {str(folder.relative_to(PACKAGE)): count for folder in PACKAGE.rglob("*") if folder.is_dir()
+               for count in [len(list(folder.glob("*.py")))]
+               if count > LARGER_PACKAGES.get(str(folder.relative_to(PACKAGE)), MAX_PACKAGE_FILES)}
+    assert not crowded, f"folders over {MAX_PACKAGE_FILES} modules (split them by concept): {crowded}"
+
+
+def test_the_layer_check_sees_a_climb():
+    """Guards the layer check against passing vacuously: an import from the solvers to the runner would be
+    an offender, and the real graph has imports across rooms that go down."""
+    floor = floor_of()
+    assert floor[room("tamrun.runner")] > floor[room("tamrun.solve.cg")]
+    across = [(n, t) for n, targets in import_graph().items() for t in targets if room(n) != room(t)]
+    assert len(across) > 100

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import synthetic_frame
 from test_secrets import tamrun
-from tamrun.tracking.model_state import STATE, ModelStateError, load_state
+from tamrun.tracking.model_state import MOVED_MODULES, STATE, ModelStateError, load_state
 
 EFFECTS = ["+model.effects.sx={kind: spline, column: x, k: 6}",
            "+model.effects.dow={kind: categorical, column: dow, topo: fourier}",
@@ -89,6 +89,26 @@ def test_a_state_naming_a_class_outside_tamrun_is_refused(logged, tmp_path, cls)
     with pytest.raises(ModelStateError, match="not one of tamrun's"):
         load_state(tampered)
     assert not (Path.cwd() / "pwned").exists()
+
+
+def test_a_state_saved_before_the_modules_moved_loads_as_the_same_model(logged, tmp_path):
+    """A model logged before tamrun's modules moved to their packages names its classes by their old
+    modules (``tamrun.fitted:FittedModel``): it loads through MOVED_MODULES and predicts exactly as the
+    state written today."""
+    import pandas as pd
+
+    _, _, state, csv = logged
+    old = tmp_path / "fitted"
+    shutil.copytree(state, old)
+    text = (old / STATE).read_text()
+    renamed = {}
+    for before, after in MOVED_MODULES.items():
+        renamed[before] = text.count(f'"{after}:')
+        text = text.replace(f'"{after}:', f'"{before}:')
+    (old / STATE).write_text(text)
+    assert renamed["tamrun.fitted"] == 1 and sum(renamed.values()) >= 2, renamed
+    rows = pd.read_csv(csv, parse_dates=["date"]).head(200)
+    assert list(load_state(old).predict_values(rows)) == list(load_state(state).predict_values(rows))
 
 
 def test_a_pickled_model_of_an_older_tamrun_is_refused_not_unpickled(tmp_path):

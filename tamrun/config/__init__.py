@@ -1,1 +1,2 @@
-"""Config: typed schemas, ConfigStore registration, checks, effect specs and composition."""
+"""Config: typed schemas, ConfigStore registration, checks, effect specs and composition; sizes (`units`) and
+derived-column expressions (`expr`) as a setting writes them."""

@@ -1,1 +1,1 @@
-"""Memory: byte formulas and the waterfall oracle, the OOM guard, size units."""
+"""Memory: byte formulas, the waterfall oracle, the OOM guard and the tensor meter."""

@@ -1,1 +1,1 @@
-"""Solvers (batched Cholesky, batched preconditioned CG) and the dispatcher that feeds them."""
+"""Solvers: batched Cholesky, the dual form, batched preconditioned CG, and the systems they solve."""

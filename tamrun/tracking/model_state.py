@@ -38,6 +38,41 @@ TENSORS = "fitted.safetensors"
 STATE = "fitted.json"
 ALLOWED_PREFIX = "tamrun."
 KIND = "$"
+# Modules that moved to another package (old dotted name -> new): a state saved before the move names a
+# class by its old module, and loads as the same class (`_allowed_class`).
+MOVED_MODULES = {
+    "tamrun.collector": "tamrun.process.collector", "tamrun.data.expr": "tamrun.config.expr",
+    "tamrun.device": "tamrun.device.manager", "tamrun.effects.partial": "tamrun.fit.partial",
+    "tamrun.evaluate": "tamrun.fit.evaluate", "tamrun.filesystem": "tamrun.process.filesystem",
+    "tamrun.fitted": "tamrun.fit.fitted", "tamrun.forked_workers": "tamrun.sweeps.forked_workers",
+    "tamrun.hydra_files": "tamrun.process.hydra_files", "tamrun.intervals": "tamrun.fit.intervals",
+    "tamrun.joblog": "tamrun.process.joblog", "tamrun.memory.gpu": "tamrun.machine.gpu",
+    "tamrun.memory.host": "tamrun.machine.host", "tamrun.memory.limits": "tamrun.machine.limits",
+    "tamrun.memory.profiler": "tamrun.device.profiler", "tamrun.memory.report": "tamrun.device.memory_report",
+    "tamrun.memory.sampling": "tamrun.machine.sampling", "tamrun.memory.tracker": "tamrun.machine.tracker",
+    "tamrun.memory.units": "tamrun.config.units", "tamrun.outcome": "tamrun.process.outcome",
+    "tamrun.placement": "tamrun.machine.placement", "tamrun.progress": "tamrun.fit.progress",
+    "tamrun.ray_env": "tamrun.cluster.env", "tamrun.ray_jobs": "tamrun.sweeps.ray_launch",
+    "tamrun.ray_resources": "tamrun.cluster.resources", "tamrun.ray_start": "tamrun.cluster.start",
+    "tamrun.run_folder": "tamrun.process.run_folder", "tamrun.solve.dispatcher": "tamrun.fit.dispatcher",
+    "tamrun.solve.gcv": "tamrun.fit.gcv", "tamrun.threads": "tamrun.machine.threads",
+    "tamrun.tracking.datasets": "tamrun.tracking.artifacts.datasets",
+    "tamrun.tracking.held": "tamrun.tracking.sweep_record.held",
+    "tamrun.tracking.held_spool": "tamrun.tracking.sweep_record.held_spool",
+    "tamrun.tracking.lost_jobs": "tamrun.sweeps.lost_jobs",
+    "tamrun.tracking.plots": "tamrun.tracking.artifacts.plots",
+    "tamrun.tracking.run_plots": "tamrun.tracking.artifacts.run_plots",
+    "tamrun.tracking.secrets": "tamrun.tracking.store.secrets",
+    "tamrun.tracking.server_access": "tamrun.tracking.store.server_access",
+    "tamrun.tracking.store": "tamrun.tracking.store.store",
+    "tamrun.tracking.store_wait": "tamrun.tracking.store.store_wait", "tamrun.tracking.sweep": "tamrun.sweeps.sweep",
+    "tamrun.tracking.sweep_end": "tamrun.sweeps.sweep_end",
+    "tamrun.tracking.sweep_failures": "tamrun.sweeps.sweep_failures",
+    "tamrun.tracking.sweep_files": "tamrun.tracking.sweep_record.sweep_files",
+    "tamrun.tracking.sweep_names": "tamrun.tracking.sweep_record.sweep_names",
+    "tamrun.tracking.sweep_summary": "tamrun.tracking.sweep_record.sweep_summary",
+    "tamrun.tracking.tables": "tamrun.tracking.artifacts.tables",
+}
 
 
 class ModelStateError(ValueError):
@@ -112,7 +147,7 @@ def _allowed_class(name: str) -> type:
     if not module.startswith(ALLOWED_PREFIX) or not qualname or any(not part.isidentifier() for part in
                                                                    [*module.split("."), *qualname.split(".")]):
         raise ModelStateError(f"the class {name!r} is not one of tamrun's")
-    found: Any = importlib.import_module(module)
+    found: Any = importlib.import_module(MOVED_MODULES.get(module, module))
     for part in qualname.split("."):
         found = getattr(found, part, None)
     if not isinstance(found, type) or not found.__module__.startswith(ALLOWED_PREFIX):
