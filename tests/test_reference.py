@@ -1,6 +1,7 @@
-"""docs/configuration.md is the reference of every setting: each field of the typed config (tamrun/config/schema.py,
-nested groups walked) is named there in backquotes, by its dotted path or by its path inside its group
-(``oom.size_factor`` in the memory table), so a new field cannot ship undocumented."""
+"""The reference pages stay complete: docs/configuration.md names every field of the typed config
+(tamrun/config/schema.py, nested groups walked) in backquotes, by its dotted path or by its path inside
+its group (``oom.size_factor`` in the memory table), so a new field cannot ship undocumented; every
+section of docs/benchmarks.md is dated."""
 
 from __future__ import annotations
 
@@ -50,3 +51,11 @@ def test_the_reference_check_fails_on_a_field_it_does_not_name():
     assert named("memory.oom.size_factor", "`oom.size_factor`") and named("hw.device", "sets `hw.device`;")
     assert named("data.target", "python -m tamrun data.target=y") and named("data.unit", "adds `unit: MW`")
     assert not named("data.target", "python -m tamrun xdata.target=y")
+
+
+def test_every_benchmark_section_is_dated():
+    """docs/benchmarks.md's figures are dated: every section (``## ``) but the peer's set-up names its day."""
+    headings = re.findall(r"^## (.+)$", (REFERENCE.parent / "benchmarks.md").read_text(encoding="utf-8"), re.M)
+    assert len(headings) > 10
+    undated = [h for h in headings if not h.startswith("Set up") and not re.search(r"\b20\d\d-\d\d-\d\d\b", h)]
+    assert not undated, f"benchmark sections without their date: {undated}"
