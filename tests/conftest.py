@@ -4,7 +4,10 @@ and a small synthetic CSV dataset; the skip policy (in CI a skipped test fails, 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -57,6 +60,94 @@ def pytest_terminal_summary(terminalreporter) -> None:
         reasons[reason.removeprefix("Skipped: ")] = reasons.get(reason.removeprefix("Skipped: "), 0) + 1
     terminalreporter.write_line(f"tamrun: {len(skipped)} test(s) skipped: " +
                                 "; ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())))
+
+
+# The quick tier, `pytest -m quick`: the edit loop's run, in at most 3 minutes on 2 cores (docs/reliability.md
+# gives its times). These test files (or ``file::test`` ids), chosen fast, together import every module of
+# tamrun, in the test process or in the Python processes its tests start (tests/quick_imports); a run of
+# the whole tier fails, naming them, if some module was never imported (`pytest_sessionfinish`). The
+# marker is given here, in one place, never in the test files.
+QUICK_TESTS = (
+    "test_effects.py", "test_solvers.py", "test_memory.py", "test_forest.py", "test_params.py", "test_ui_view.py",
+    "test_architecture.py", "test_run_names.py", "test_expressions.py", "test_leakage.py", "test_sweep_summary.py",
+    "test_intervals.py", "test_data_files.py", "test_metric_keys.py", "test_warm_up.py",
+    "test_validation_progress.py", "test_dates.py", "test_aggregation_rules.py", "test_threads.py",
+    "test_cli.py::test_runs_from_any_directory_with_the_default_store",
+    "test_compare.py::test_the_table_shows_the_objective_and_an_older_runs_peak_in_mib",
+    "test_sweeps.py::test_a_parallel_sweep_records_every_job_under_one_parent", "test_imports.py",
+)
+QUICK = "quick"
+QUICK_IMPORTS = "TAMRUN_QUICK_IMPORTS"  # the folder where each child names the tamrun modules it imported
+
+
+def quick_selected(config) -> bool:
+    return config.getoption("markexpr", "") == QUICK and not config.getoption("keyword", "")
+
+
+def pytest_configure(config) -> None:
+    """A quick-tier run: the Python processes the tests start record their imports (tests/quick_imports)."""
+    if quick_selected(config):
+        folder = Path(__file__).parent / "quick_imports"
+        os.environ[QUICK_IMPORTS] = tempfile.mkdtemp(prefix="tamrun-quick-imports-")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The marker `QUICK` on every test of `QUICK_TESTS`."""
+    for item in items:
+        if any(quick_entry(item.nodeid.removeprefix("tests/"), entry) for entry in QUICK_TESTS):
+            item.add_marker(QUICK)
+
+
+def tamrun_modules() -> List[str]:
+    """Every module of tamrun on disk, by the name it is imported as (tamrun/hydra_plugins/x installs as
+    the top-level hydra_plugins.x: pyproject.toml)."""
+    top = Path(__file__).resolve().parents[1] / "tamrun"
+    names = []
+    for path in sorted(top.rglob("*.py")):
+        parts = list(path.relative_to(top.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        if parts[1:2] == ["hydra_plugins"]:
+            parts.pop(0)
+        names.append(".".join(parts))
+    return names
+
+
+def imported_modules() -> set:
+    """The tamrun modules this process and the Python processes it started imported."""
+    names = set(sys.modules)
+    for record in Path(os.environ[QUICK_IMPORTS]).glob("*.txt"):
+        names.update(record.read_text(encoding="utf-8").split())
+    return names
+
+
+def quick_entry(nodeid: str, entry: str) -> bool:
+    """Whether the test ``nodeid`` (relative to tests/) is the `QUICK_TESTS` entry ``entry`` or in it."""
+    return nodeid == entry or nodeid.startswith((entry + "::", entry + "["))
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """After a run of the whole quick tier (``-m quick``, every file of `QUICK_TESTS` collected): fail,
+    naming them, if an entry matches no test or a module of tamrun was never imported."""
+    if not quick_selected(session.config):
+        return
+    imported = imported_modules()
+    shutil.rmtree(os.environ[QUICK_IMPORTS], ignore_errors=True)
+    ran = [item.nodeid.removeprefix("tests/") for item in getattr(session, "items", [])]
+    files = {name.split("::")[0] for name in QUICK_TESTS}
+    absent = [name for name in sorted(files) if not (Path(__file__).parent / name).exists()]
+    if not absent and {nodeid.split("::")[0] for nodeid in ran} != files:
+        return  # a part of the tier (a file named on the command line)
+    problems = [f"{name} (QUICK_TESTS) matches no test" for name in QUICK_TESTS
+                if not any(quick_entry(nodeid, name) for nodeid in ran)]
+    problems += [f"{name} was never imported" for name in tamrun_modules() if name not in imported]
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.ensure_newline()
+        reporter.write_line(f"tamrun: the quick tier does not cover tamrun: {'; '.join(problems)}; add a test "
+                            "that reaches it to QUICK_TESTS (tests/conftest.py)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture
