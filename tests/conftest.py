@@ -71,7 +71,7 @@ QUICK_TESTS = (
     "test_effects.py", "test_solvers.py", "test_memory.py", "test_forest.py", "test_params.py", "test_ui_view.py",
     "test_architecture.py", "test_run_names.py", "test_expressions.py", "test_leakage.py", "test_sweep_summary.py",
     "test_intervals.py", "test_data_files.py", "test_metric_keys.py", "test_warm_up.py",
-    "test_validation_progress.py", "test_dates.py", "test_aggregation_rules.py", "test_threads.py",
+    "test_validation_progress.py", "test_dates.py", "test_aggregation_rules.py", "test_threads.py", "test_reference.py",
     "test_cli.py::test_runs_from_any_directory_with_the_default_store",
     "test_compare.py::test_the_table_shows_the_objective_and_an_older_runs_peak_in_mib",
     "test_sweeps.py::test_a_parallel_sweep_records_every_job_under_one_parent", "test_imports.py",
