@@ -62,6 +62,29 @@ def pytest_terminal_summary(terminalreporter) -> None:
                                 "; ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())))
 
 
+# The suite's workers (pytest-xdist; `-n auto --dist loadfile` in pyproject.toml): whole test files, two
+# workers per core. Much of a test's time is spent waiting on the processes it starts (CLI runs, servers,
+# clusters, pip): on 2 cores, 4 workers keep 1.7 cores busy where one process kept 1.0 (docs/reliability.md,
+# "The suite's time"). `-n 0` runs in this one process (a single test under a debugger).
+WORKERS_PER_CORE = 2
+MAX_WORKERS = 8  # a larger machine: more would start more servers and clusters at once than they gain
+
+# The files that take longest (each over about 2 minutes on 2 cores, `--durations`), longest first: they
+# go to the workers first, so that none of them is left running alone at the end (longest first is
+# what balances the workers); the other files follow in collection order.
+LONGEST_FILES = (
+    "test_scale_page.py", "test_limits.py", "test_readme.py", "test_store_interrupts.py", "test_ray_cluster.py",
+    "test_locked_server.py", "test_postgres.py", "test_serving.py", "test_memory_runs.py", "test_bench.py",
+    "test_team_cluster.py", "test_aggregate.py", "test_placement.py", "test_dispatcher.py", "test_compare_ui.py",
+    "test_sweeps.py", "test_concurrency.py", "test_mlflow_ui.py",
+)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: `WORKERS_PER_CORE` per core this process may run on, at most `MAX_WORKERS`."""
+    return min(MAX_WORKERS, WORKERS_PER_CORE * len(os.sched_getaffinity(0)))
+
+
 # The quick tier, `pytest -m quick`: the edit loop's run, in at most 3 minutes on 2 cores (docs/reliability.md
 # gives its times). These test files (or ``file::test`` ids), chosen fast, together import every module of
 # tamrun, in the test process or in the Python processes its tests start (tests/quick_imports); a run of
@@ -80,23 +103,32 @@ QUICK = "quick"
 QUICK_IMPORTS = "TAMRUN_QUICK_IMPORTS"  # the folder where each child names the tamrun modules it imported
 
 
+def is_xdist_worker(config) -> bool:
+    """Whether this process is one of pytest-xdist's workers (the controller hands it tests)."""
+    return hasattr(config, "workerinput")
+
+
 def quick_selected(config) -> bool:
     return config.getoption("markexpr", "") == QUICK and not config.getoption("keyword", "")
 
 
 def pytest_configure(config) -> None:
     """A quick-tier run: the Python processes the tests start record their imports (tests/quick_imports)."""
-    if quick_selected(config):
+    if quick_selected(config) and not is_xdist_worker(config):  # a worker inherits the folder and the path
+        config.pluginmanager.register(TestsReported(), TestsReported.name)
         folder = Path(__file__).parent / "quick_imports"
         os.environ[QUICK_IMPORTS] = tempfile.mkdtemp(prefix="tamrun-quick-imports-")
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """The marker `QUICK` on every test of `QUICK_TESTS`."""
+    """The marker `QUICK` on every test of `QUICK_TESTS`; the files of `LONGEST_FILES` first, in its order
+    (the sort is stable: each file's tests, and the other files, keep their order)."""
     for item in items:
         if any(quick_entry(item.nodeid.removeprefix("tests/"), entry) for entry in QUICK_TESTS):
             item.add_marker(QUICK)
+    items.sort(key=lambda item: LONGEST_FILES.index(item.path.name) if item.path.name in LONGEST_FILES
+               else len(LONGEST_FILES))
 
 
 def tamrun_modules() -> List[str]:
@@ -122,6 +154,20 @@ def imported_modules() -> set:
     return names
 
 
+class TestsReported:
+    """A plugin: the tests whose setup was reported (by nodeid relative to tests/) to the process that writes
+    the report, the controller of xdist's workers or the one process of ``-n 0``."""
+
+    name = "tamrun-tests-reported"
+
+    def __init__(self) -> None:
+        self.nodeids: set = set()
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "setup":
+            self.nodeids.add(report.nodeid.removeprefix("tests/"))
+
+
 def quick_entry(nodeid: str, entry: str) -> bool:
     """Whether the test ``nodeid`` (relative to tests/) is the `QUICK_TESTS` entry ``entry`` or in it."""
     return nodeid == entry or nodeid.startswith((entry + "::", entry + "["))
@@ -132,9 +178,14 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     naming them, if an entry matches no test or a module of tamrun was never imported."""
     if not quick_selected(session.config):
         return
+    if is_xdist_worker(session.config):  # its imports, for the check the controller makes
+        record = Path(os.environ[QUICK_IMPORTS]) / f"worker-{os.getpid()}.txt"
+        record.write_text("\n".join(name for name in sys.modules if name.split(".")[0] in ("tamrun", "hydra_plugins")),
+                          encoding="utf-8")
+        return
     imported = imported_modules()
     shutil.rmtree(os.environ[QUICK_IMPORTS], ignore_errors=True)
-    ran = [item.nodeid.removeprefix("tests/") for item in getattr(session, "items", [])]
+    ran = sorted(session.config.pluginmanager.get_plugin(TestsReported.name).nodeids)
     files = {name.split("::")[0] for name in QUICK_TESTS}
     absent = [name for name in sorted(files) if not (Path(__file__).parent / name).exists()]
     if not absent and {nodeid.split("::")[0] for nodeid in ran} != files:
