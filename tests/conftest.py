@@ -80,6 +80,27 @@ LONGEST_FILES = (
 )
 
 
+# Files that must not run beside each other, each mapped to the file whose worker runs it after that one:
+# Ray's local instance (ray.init with no address) and docs/scale.md's `ray start` (as written for users) both
+# take Ray's fixed dashboard-agent port (52365), so two of them at once would refuse the second.
+SAME_WORKER = {"test_ray_output.py": "test_scale_page.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the files of `SAME_WORKER` in the scope of the file they map to."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            name = Path(path).name
+            return str(Path(path).with_name(SAME_WORKER[name])) if name in SAME_WORKER else path
+
+    return FileScheduling(config, log)
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: `WORKERS_PER_CORE` per core this process may run on, at most `MAX_WORKERS`."""
     return min(MAX_WORKERS, WORKERS_PER_CORE * len(os.sched_getaffinity(0)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -29,11 +30,39 @@ START_DEADLINE_S = 120  # a server starting on 2 busy cores
 TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
+# The ports the tests' servers listen on (PostgreSQL, MLflow, Ray's heads, model servers) come from below
+# the kernel's ephemeral range (32768-60999 on Linux: every client connection and every bind to port 0
+# draws from it) and above Ray's worker ports (10002-19999): no connection can take a port between the
+# moment a test picks it and the moment its server binds it. Each of xdist's workers (PYTEST_XDIST_WORKER,
+# gw<k>) picks in a block of its own, so two workers never pick the same port at once; within its block a
+# process starts at an offset of its pid (two pytest sessions side by side start apart) and moves on.
+PORT_BASE = 20000
+PORTS_PER_WORKER = 500
+PORT_CURSOR = itertools.count(os.getpid() % PORTS_PER_WORKER)  # this process's next candidate in its block
+
+
+def port_block() -> Tuple[int, int]:
+    """[first, last) of this process's ports: its xdist worker's block below the ephemeral range."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    blocks = max(1, (ephemeral_low - PORT_BASE) // PORTS_PER_WORKER)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = PORT_BASE + (int(worker) if worker.isdigit() else 0) % blocks * PORTS_PER_WORKER
+    return first, first + PORTS_PER_WORKER
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, from this process's block (`port_block`), never one it gave before
+    (until the block wraps around)."""
+    first, last = port_block()
+    for _ in range(last - first):
+        port = first + next(PORT_CURSOR) % (last - first)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: the next
+            return port
+    raise RuntimeError(f"no free port in {first}-{last - 1} on 127.0.0.1")
 
 
 def as_postgres_user(command: List[str]) -> List[str]:
