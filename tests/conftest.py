@@ -64,8 +64,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 # The suite's workers (pytest-xdist; `-n auto --dist loadfile` in pyproject.toml): whole test files, two
 # workers per core. Much of a test's time is spent waiting on the processes it starts (CLI runs, servers,
-# clusters, pip): on 2 cores, 4 workers keep 1.7 cores busy where one process kept 1.0 (docs/reliability.md,
-# "The suite's time"). `-n 0` runs in this one process (a single test under a debugger).
+# clusters, pip): on 2 cores, 4 workers keep about 1.7 cores busy, where one process, doing the same CPU
+# work in 3,804 s, kept about 1.0 (docs/reliability.md, "The suite's time"). `-n 0` runs in this one process
+# (a single test under a debugger).
 WORKERS_PER_CORE = 2
 MAX_WORKERS = 8  # a larger machine: more would start more servers and clusters at once than they gain
 
