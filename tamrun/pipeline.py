@@ -87,7 +87,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
                         loaded.origin if loaded.origin is not None else frame[data.date_column].min() if len(frame)
-                        else None)
+                        else None, data.date_format, data.dayfirst)
     room("splitting the data", "split", frame_bytes(frame))
     train, test = split_by_date(frame, config.split, data.date_column)
     check_constant_columns(train, effect_columns(specs), data.constant_features)

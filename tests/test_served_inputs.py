@@ -116,9 +116,18 @@ def test_dates_are_read_as_datetimes_or_as_text_alike(served):
         assert forecast["date"].tolist() == given["date"].tolist()
     assert model.metadata.get_input_schema() is None  # no schema MLflow enforces passes all of these (module doc)
     assert isinstance(rows["date"][0], str) and isinstance(parsed.dt.to_pydatetime()[0], dt.datetime)
-    zoned = refusal(model, rows.assign(date=parsed.dt.tz_localize("UTC")))  # the training dates had no time zone
-    assert zoned.startswith("tamrun: data error: date='2020-02-29 18:00:00+00:00': the dates to predict carry a "
-                            "time zone"), zoned
+    # a time zone or an offset converted to UTC and dropped, as a run reads its file's dates
+    paris = parsed.dt.tz_localize("UTC").dt.tz_convert("Europe/Paris")
+    for zoned in (paris, paris.dt.strftime("%Y-%m-%dT%H:%M:%S%z")):
+        np.testing.assert_allclose(model.predict(rows.assign(date=zoned))["predicted"], expected, rtol=0, atol=1e-12)
+    # ISO 8601 text in its several forms in one request (a date alone, a T, a fraction), one format otherwise
+    mixed = rows.assign(date=["2020-02-29", "2020-02-29T19:00", "2020-02-29 20:00:00.000", *rows["date"][3:]])
+    np.testing.assert_allclose(model.predict(mixed)["predicted"].to_numpy()[1:], expected[1:], rtol=0, atol=1e-12)
+    month_first = parsed.dt.strftime("%m/%d/%Y %H:%M")
+    np.testing.assert_allclose(model.predict(rows.assign(date=month_first))["predicted"], expected, rtol=0, atol=1e-12)
+    message = refusal(model, rows.assign(date=month_first.where(rows.index != 1, "29/02/2020 19:00")))
+    assert message.startswith("tamrun: data error: date='29/02/2020 19:00': 1 of the 6 rows to predict (row 1; "
+                              "counted from 0) hold a value that is not a date (one format for all of them"), message
 
 
 def test_a_missing_column_and_an_unknown_group_are_refused_in_one_line(served):

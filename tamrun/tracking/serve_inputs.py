@@ -3,9 +3,11 @@ its caller (docs/serving.md, "What a served model refuses").
 
 Before it forecasts, the model (`tamrun.tracking.pyfunc_model.TamPyfuncModel.predict`) checks the rows it is
 given (`check_inputs`): every column it reads is there; no value of them is missing (NaN, null, None, NaT);
-the date is a date (text as in a CSV or a JSON request, or a pandas datetime); every feature is a finite
-number within its group's training range widened by `tamrun.fit.support.SUPPORT_MARGIN` of its span. After,
-every forecast must lie where a run accepts one (`check_forecasts`). A refusal is one line, ``tamrun: data
+the date is a date (text as in a CSV or a JSON request, read as the run read its file's dates, or Python or
+pandas datetimes; an offset or time zone converted to UTC and dropped, as a run does); every group and level
+was seen in training; every feature is a finite number within its group's training range widened by
+`tamrun.fit.support.SUPPORT_MARGIN` of its span. After, every forecast must lie where a run accepts one
+(`check_forecasts`). A refusal is one line, ``tamrun: data
 error: <column>=<value>: ... (rows ...) ... Fix: ...``, raised as an `MlflowException` of
 INVALID_PARAMETER_VALUE (`served_refusals`): ``mlflow.pyfunc.load_model(...).predict`` raises it, and
 ``mlflow models serve`` answers HTTP 400 with it. Rows are named by their position in the request (from 0).
@@ -21,6 +23,7 @@ import pandas as pd
 import torch
 
 from tamrun.data.checks import plain
+from tamrun.data.dates import read_dates
 from tamrun.effects.categorical import CategoricalEffect
 from tamrun.errors import DataError, NumericalError, TamrunError
 from tamrun.fit.fitted import FittedModel, numbers_read
@@ -28,7 +31,8 @@ from tamrun.fit.evaluate import SUPPORT_FACTOR
 from tamrun.fit.support import SUPPORT_MARGIN, numeric_columns
 
 ROWS_SHOWN = 8  # the rows a refusal names (their count is said)
-DATE_FIX = "give dates as text (2024-01-01 00:30:00, as in a CSV or a JSON request) or as pandas datetimes"
+DATE_FIX = ("give every date in one format (ISO 8601 text such as 2024-01-01 00:30:00, as in a CSV or a JSON "
+            "request, or the training file's), or as datetimes")
 
 
 @contextlib.contextmanager
@@ -79,21 +83,20 @@ def refuse_absent_or_missing(model: FittedModel, frame: pd.DataFrame) -> None:
 
 
 def refuse_bad_dates(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its date column parsed (when the model reads it); a value that is not a date, or a
-    date with a time zone, is a `DataError` naming the rows."""
-    column = model.recipe.date_column
-    if column not in model.raw_columns(frame.columns) or pd.api.types.is_datetime64_any_dtype(frame[column]):
-        dates = frame[column] if column in frame.columns else None
-    else:
-        dates = pd.to_datetime(frame[column], errors="coerce")  # as the model reads them (DataRecipe.apply)
-        bad = dates.isna().to_numpy()
-        if bad.any():
-            raise DataError(column, plain(frame[column][bad].iloc[0]), f"{rows_named(bad)} hold a value that is "
-                            "not a date", DATE_FIX)
-    if dates is not None and getattr(dates.dt, "tz", None) is not None:
-        raise DataError(column, str(dates.iloc[0]), "the dates to predict carry a time zone; the model was trained "
-                        "on dates without one", f"{DATE_FIX}, in the training data's time, without a time zone")
-    return frame if dates is None else frame.assign(**{column: dates})
+    """``frame`` with its date column read as the run read its file's dates (when the model reads it:
+    `tamrun.data.dates.read_dates`); a value that is not a date in that format is a `DataError` naming the
+    rows."""
+    recipe = model.recipe
+    column = recipe.date_column
+    if column not in model.raw_columns(frame.columns):
+        return frame
+    dates = read_dates(frame[column], recipe.date_format, recipe.dayfirst)
+    bad = dates.isna().to_numpy()
+    if bad.any():
+        how = f"data.date_format={recipe.date_format!r}" if recipe.date_format else "one format for all of them"
+        raise DataError(column, plain(frame[column][bad].iloc[0]), f"{rows_named(bad)} hold a value that is not a "
+                        f"date ({how}, as the training file's were read)", DATE_FIX)
+    return frame.assign(**{column: dates})
 
 
 def group_codes(model: FittedModel, rows: pd.DataFrame) -> np.ndarray:
