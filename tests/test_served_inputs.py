@@ -176,3 +176,23 @@ def test_the_training_support_is_stored_with_the_model_as_data(served, tmp_path)
     assert np.isfinite(model.predict(None, served["rows"].assign(x=50.0))["predicted"]).all()
     with pytest.raises(MlflowException, match=r"^tamrun: data error: x=nan: 1 of the 6 rows"):
         model.predict(None, served["rows"].assign(x=[np.nan, 1, 1, 1, 1, 1]))
+
+
+def test_a_dictionary_encoded_group_column_fits_and_serves(tmp_path):
+    """A Parquet file whose group column is dictionary-encoded (read as pandas' category): the run logs its
+    model (before: "internal error: Input example does not match the model signature", the input schema
+    typing the group as a string) and the model serves the file's rows, category or text alike."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = synthetic_frame(days=60)
+    table = pa.Table.from_pandas(frame.assign(g="s" + frame["g"].astype(str)), preserve_index=False)
+    table = table.set_column(table.schema.get_field_index("g"), "g", table.column("g").dictionary_encode())
+    pq.write_table(table, tmp_path / "d.parquet")
+    model = mlflow.pyfunc.load_model(str(logged_model(tmp_path, tmp_path / "d.parquet", EFFECTS[:1])))
+    rows = pd.read_parquet(tmp_path / "d.parquet").tail(ROWS)
+    assert isinstance(rows["g"].dtype, pd.CategoricalDtype)
+    as_category, as_text = model.predict(rows), model.predict(rows.assign(g=rows["g"].astype(str)))
+    assert as_category["g"].astype(str).tolist() == ["s0", "s1", "s2"] * 2
+    np.testing.assert_array_equal(as_category["predicted"].to_numpy(), as_text["predicted"].to_numpy())
+    assert np.isfinite(as_category["predicted"]).all()
