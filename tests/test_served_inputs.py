@@ -135,6 +135,7 @@ def test_a_missing_column_and_an_unknown_group_are_refused_in_one_line(served):
     message = refusal(model, rows.drop(columns=["date"]))
     assert message.startswith("tamrun: data error: date=None: the rows to predict have no column 'date'"), message
     assert "send every column the model reads: g, x, dow, date" in message
+    assert refusal(model, 5).startswith("tamrun: data error: rows='int': the input is not a table of rows")
     message = refusal(model, rows.assign(g=[0, 1, 2, 7, 7, 0]))
     assert message.startswith("tamrun: data error: g=7: 2 of the 6 rows to predict (rows 3, 4; counted from 0) "
                               "belong to group(s) the model was not trained on (7)"), message

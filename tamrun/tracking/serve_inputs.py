@@ -172,7 +172,11 @@ def refuse_far(model: FittedModel, column: str, given: np.ndarray, codes: np.nda
 
 def check_inputs(model: FittedModel, frame: pd.DataFrame) -> None:
     """Refuse (`DataError`) rows a run would not forecast from (module doc)."""
-    frame = pd.DataFrame(frame).reset_index(drop=True)
+    try:
+        frame = pd.DataFrame(frame).reset_index(drop=True)
+    except (ValueError, TypeError) as exc:  # a scalar, ragged lists
+        raise DataError("rows", type(frame).__name__, f"the input is not a table of rows ({exc})",
+                        "send a table: CSV, or JSON as dataframe_split or dataframe_records") from None
     refuse_absent_or_missing(model, frame)
     rows = model.recipe.apply(refuse_bad_dates(model, frame))
     codes = group_codes(model, rows)
