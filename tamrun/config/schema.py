@@ -442,8 +442,8 @@ class TrackingConfig:
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
-    # The fitted model as an MLflow LoggedModel named "model" (runs:/<run id>/model), with its signature,
-    # input example and tamrun's own code (tamrun/tracking/pyfunc_model.py).
+    # The fitted model as an MLflow LoggedModel named "model" (runs:/<run id>/model), with its signature
+    # (outputs), input example, training support and tamrun's own code (tamrun/tracking/pyfunc_model.py).
     log_model: bool = True
     # sqlite stores: each connection waits this long for a lock held by another process.
     busy_timeout_s: float = 60.0
