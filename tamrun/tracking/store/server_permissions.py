@@ -1,0 +1,65 @@
+"""What a locked tracking server lets this client's user do, asked through MLflow's basic-auth REST API
+before a write the server would refuse half-way (``python -m tamrun.compare --register``).
+
+Any user may ask the server who they are (``GET /api/2.0/mlflow/users/current``) and their own
+permission on an experiment or a registered model (``GET /api/3.0/mlflow/users/permissions/get`` with
+their own name; another user's is refused). A server without the auth app (an open server, a local store)
+answers neither: no user, no permission, and nothing is refused here; nor on an older auth app without
+those endpoints: the server's own refusal is then named (`tamrun.tracking.store.server_access`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+CURRENT_USER = "/api/2.0/mlflow/users/current"
+USER_PERMISSION = "/api/3.0/mlflow/users/permissions/get"
+NOT_FOUND = 404  # the endpoint does not exist: no auth app, or an older one
+
+
+@dataclass
+class User:
+    """The user the server authenticated this client as."""
+
+    name: str
+    is_admin: bool
+
+
+def asked(uri: str, endpoint: str, params: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """The server's JSON answer to GET ``endpoint``; None when the server has no such endpoint (or is not
+    an http(s) server). A refusal (401, 403) is a `ConfigError` (`server_access.access_error`)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+    from tamrun.tracking.store.server_access import access_error
+
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        response = http_request(get_default_host_creds(uri), endpoint, "GET", params=params)
+        if response.status_code == NOT_FOUND:
+            return None
+        return verify_rest_response(response, endpoint).json()
+    except MlflowException as exc:
+        refused = access_error(uri, exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def current_user(uri: str) -> Optional[User]:
+    """The user the server at ``uri`` takes this client for; None without an auth app."""
+    answer = asked(uri, CURRENT_USER)
+    if not answer or "user" not in answer:
+        return None
+    return User(answer["user"]["username"], bool(answer["user"].get("is_admin")))
+
+
+def permission_on(uri: str, user: str, resource_type: str, resource_id: str) -> Optional[str]:
+    """``user``'s permission (READ, EDIT, MANAGE, NO_PERMISSIONS, ...) on the ``resource_type``
+    (experiment, registered_model) ``resource_id``, as the server resolves it; None when it cannot say."""
+    answer = asked(uri, USER_PERMISSION, {"username": user, "resource_type": resource_type,
+                                          "resource_id": resource_id})
+    return answer.get("permission") if answer else None
