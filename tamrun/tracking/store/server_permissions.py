@@ -1,5 +1,6 @@
 """What a locked tracking server lets this client's user do, asked through MLflow's basic-auth REST API
-before a write the server would refuse half-way (``python -m tamrun.compare --register``).
+before a write that tamrun refuses to such a user (``python -m tamrun.compare --register`` by a READ user,
+docs/scale.md) or the server would refuse half-way (a version added to another user's registered model).
 
 Any user may ask the server who they are (``GET /api/2.0/mlflow/users/current``) and their own
 permission on an experiment or a registered model (``GET /api/3.0/mlflow/users/permissions/get`` with
@@ -15,7 +16,9 @@ from typing import Any, Dict, Optional
 
 CURRENT_USER = "/api/2.0/mlflow/users/current"
 USER_PERMISSION = "/api/3.0/mlflow/users/permissions/get"
-NOT_FOUND = 404  # the endpoint does not exist: no auth app, or an older one
+# The server cannot say: no such endpoint (no auth app, or an older one: 404), or the question itself refused
+# (403: an auth app configured otherwise, e.g. with workspaces); the write is then left to the server.
+CANNOT_SAY = (403, 404)
 
 
 @dataclass
@@ -27,8 +30,9 @@ class User:
 
 
 def asked(uri: str, endpoint: str, params: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
-    """The server's JSON answer to GET ``endpoint``; None when the server has no such endpoint (or is not
-    an http(s) server). A refusal (401, 403) is a `ConfigError` (`server_access.access_error`)."""
+    """The server's JSON answer to GET ``endpoint``; None when it cannot say (`CANNOT_SAY`, an answer that
+    is not JSON, a store that is not an http(s) server). Its 401 is a `ConfigError`
+    (`server_access.access_error`)."""
     from mlflow.exceptions import MlflowException
     from mlflow.utils.credentials import get_default_host_creds
     from mlflow.utils.rest_utils import http_request, verify_rest_response
@@ -39,9 +43,11 @@ def asked(uri: str, endpoint: str, params: Optional[Dict[str, str]] = None) -> O
         return None
     try:
         response = http_request(get_default_host_creds(uri), endpoint, "GET", params=params)
-        if response.status_code == NOT_FOUND:
+        if response.status_code in CANNOT_SAY:
             return None
         return verify_rest_response(response, endpoint).json()
+    except ValueError:  # not JSON: not MLflow's auth app answering (a proxy's page, say)
+        return None
     except MlflowException as exc:
         refused = access_error(uri, exc)
         if refused is None:
