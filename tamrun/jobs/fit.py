@@ -165,12 +165,15 @@ def calibration_bands(config: Config, splits: List[ScoredSplit]) -> Optional[Gro
 
 
 def band_metrics(config: Config, splits: List[ScoredSplit], bands: Optional[GroupBands]) -> Dict[str, float]:
-    """coverage / width per level and the pinball loss of ``bands`` on every split (`interval_metrics`)."""
+    """coverage / width per level and the pinball loss of ``bands`` on every split with rows scored
+    (`interval_metrics`; a streamed chunk's split may have none: its every group withheld)."""
     if bands is None:
         return {}
     metrics: Dict[str, float] = {}
     for split in splits:
         actual, predicted = scored(split.batch, split.predicted)
+        if not actual.size:
+            continue
         metrics.update(interval_metrics(actual, bands.columns(predicted, row_groups(split.batch)), bands.levels,
                                         split.name))
     return metrics

@@ -295,12 +295,12 @@ def run_chunk(config: Config, specs: Dict[str, Any], devices: DeviceManager, chu
         rows = {split.name: int((split.batch.row_index >= 0).sum()) for split in splits}
         for name, value in band_metrics(config, splits, bands).items():
             weight = rows[name.rsplit("_", 1)[1]]
-            if weight:  # a split whose every row is withheld has no interval scores
-                totals.band_sums[name] = totals.band_sums.get(name, 0.0) + value * weight
+            totals.band_sums[name] = totals.band_sums.get(name, 0.0) + value * weight
         table = evaluation_table(config.data, splits, bands)
-        totals.groups.append(group_metrics(table))
-        if sink is not None:
-            sink.append(table)
+        if len(table):  # none: every group of the chunk withheld (an empty table has no column types to write)
+            totals.groups.append(group_metrics(table))
+            if sink is not None:
+                sink.append(table)
     totals.coefficients.append(coefficients_frame(fit))
     totals.coef.append(fit.model.coef)
     totals.add_phases(prepared.recorder.metrics())
