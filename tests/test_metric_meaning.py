@@ -158,6 +158,48 @@ def test_more_unsupported_groups_than_the_setting_allows_fail_naming_it_and_the_
         "features lie far outside the training range)" in line
     share = f"{len(far)} of {groups} group(s) ({len(far) / groups:.2%}) are more than evaluate.max_unsupported_share=0.01"
     assert share in line and "Fix: raise the penalties" in line
+    assert "; check those groups' features where they are forecast (a value far outside their training range" in line
     assert ("or set evaluate.max_unsupported_share=0.015 to withhold them and finish with the other groups" in line) \
         == (groups > 1)  # a single group's run has no other group to finish with
     assert only_run(store).info.status == "FAILED" and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1", "nan"])
+def test_a_share_that_would_let_every_group_go_is_refused_before_the_run(tmp_path, monkeypatch, capsys, value):
+    """evaluate.max_unsupported_share lies in [0, 1): 1 would let a run whose every group is unsupported finish
+    with no forecast at all."""
+    from tamrun.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        main([f"evaluate.max_unsupported_share={value}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    output = "".join(capsys.readouterr())
+    assert ended.value.code == 2 and "tamrun: config error: evaluate.max_unsupported_share=" in output, output
+    assert "the share of the groups must be a finite number in [0, 1). Fix: set evaluate.max_unsupported_share=0.01" \
+        in output and "Traceback" not in output and not (tmp_path / "mlflow.db").exists()
+
+
+def test_only_finite_far_forecasts_are_withheld_and_withholding_leaves_their_rows_out():
+    """Four groups of 3 training and 2 test rows (target 20 +- 1): a finite forecast 10 spreads away is withheld
+    (listed once per split, with its figures); a NaN or infinite one never is (the metrics stay non-finite and
+    the run fails); `withhold` marks the withheld group's rows as padding, the others' as they were."""
+    import torch
+
+    from tamrun.data.batch import build_batch
+    from tamrun.fit.evaluate import scored
+    from tamrun.fit.unsupported import FEWER_ROWS, find_unsupported, withhold
+
+    frame = pd.DataFrame({"g": np.repeat(["a", "b", "c", "d"], 5), "x": 0.0, "y": np.tile([19, 20, 21, 20, 20], 4)})
+    train = build_batch(frame[frame.index % 5 < 3], ["x"], "y", "g", torch.float64)
+    test = build_batch(frame[frame.index % 5 >= 3], ["x"], "y", "g", torch.float64, groups=train.groups)
+    predicted = torch.tensor([[20.0, 21.0], [20.0, 500.0], [float("nan"), 900.0], [float("inf"), 20.0]],
+                             dtype=torch.float64)
+    found = find_unsupported({"validation": (test, predicted), "test": (test, predicted)}, train, width=4)
+    assert found.indices == [1]
+    assert found.table[["group", "split", "reason", "forecast", "training_rows", "coefficients"]].values.tolist() == [
+        ["b", "validation", FEWER_ROWS, 500.0, 3, 4], ["b", "test", FEWER_ROWS, 500.0, 3, 4]]
+    assert found.table["spreads"].iloc[0] == pytest.approx(480 / found.table["training_spread"].iloc[0])
+    kept = withhold(test, found.indices)
+    actual, forecast = scored(kept, predicted)
+    assert len(actual) == 6 and 500.0 not in forecast and np.isnan(forecast).sum() == 1 and np.isinf(forecast).sum() == 1
+    assert kept.counts.tolist() == [2, 0, 2, 2] and test.counts.tolist() == [2, 2, 2, 2]  # the batch itself untouched

@@ -128,13 +128,14 @@ def test_a_run_in_a_cgroup_below_its_whole_peak_streams_and_finishes_with_the_un
         assert_close(runs[1].data.metrics[name], runs[0].data.metrics[name])
 
 
-def test_a_group_withheld_by_a_streamed_run_is_counted_and_left_out_as_by_the_whole_run(compose_cfg, store_uri, tables,
-                                                                                       tmp_path):
-    """One site's test x (the first chunk's: nothing of it is written) far outside the training range (the spline continues linearly there: forecasts in the
-    thousands), 1 of 12 sites (evaluate.max_unsupported_share=0.1 lets it through): the streamed run (one site
-    a chunk) withholds it as the whole run does: the same groups_unsupported, the same table of it, the same
-    metrics over the other sites, the same rows counted. Under the default share (0.01) the streamed run fails
-    as the whole run does: the share is counted over every chunk, not per chunk (where it is 1 of 1)."""
+def test_a_group_withheld_by_a_streamed_run_is_counted_and_left_out_as_by_the_whole_run(
+        compose_cfg, store_uri, tables, tmp_path):
+    """One site's test x (the first chunk's: nothing of that chunk is written) far outside the training range
+    (the spline continues linearly there: forecasts in the thousands), 1 of 12 sites
+    (evaluate.max_unsupported_share=0.1 lets it through): the streamed run (one site a chunk) withholds it as
+    the whole run does: the same groups_unsupported, the same table of it, the same metrics over the other
+    sites, the same rows counted. Under the default share (0.01) the streamed run fails as the whole run does:
+    the share is counted over every chunk, not per chunk (where it is 1 of 1)."""
     frame = pd.read_parquet(tables["parquet"])
     test_start = pd.Timestamp(split_args(HOURS)[1].split("=", 1)[1])
     frame.loc[(frame["site"] == 0) & (frame["date"] >= test_start), "x"] = 1e4

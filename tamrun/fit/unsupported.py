@@ -35,6 +35,9 @@ FEWER_ROWS = "fewer training rows than coefficients: the penalties alone decide 
 BEYOND = "the penalties are too weak for this group's data, or its features lie far outside the training range"
 COLUMNS = ["group", "split", "reason", "forecast", "training_median", "training_spread", "spreads", "training_rows",
            "coefficients"]
+# What to check when a group has the rows its coefficients need (`BEYOND`): the features it is forecast at.
+FEATURES_FIX = ("; check those groups' features where they are forecast (a value far outside their training range: "
+                "a unit, a sentinel)")
 SHOWN = 8  # groups named in a message or a log line
 ARTIFACT = "predictions/groups_unsupported.csv"  # the table a run logs (`tamrun.jobs.record`)
 
@@ -146,8 +149,9 @@ def require_share(table: pd.DataFrame, n_groups: int, share: float, fix: str) ->
     raise NumericalError("data.group", groups, f"{describe(table, f' (the first {SHOWN} shown)')}; {count} of "
                          f"{n_groups} group(s) ({found:.2%}) are more than {SETTING}={share:g} lets a run withhold "
                          "from its forecast and metrics",
-                         fix + ("" if count == n_groups else f"; or set {SETTING}={enough:g} to withhold them "
-                                "and finish with the other groups"))
+                         fix + FEATURES_FIX * bool((table["reason"] == BEYOND).any())
+                         + ("" if count == n_groups else f"; or set {SETTING}={enough:g} to withhold them and finish "
+                            "with the other groups"))
 
 
 def log_unsupported(table: pd.DataFrame, n_groups: int, share: float) -> None:
