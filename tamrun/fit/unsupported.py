@@ -8,8 +8,8 @@
         the batch with those groups' rows marked as padding: every metric, table and interval skips them
     require_share(table, n_groups, share, fix)
         `NumericalError` when more than ``share`` of the run's groups are withheld (a single group's run: always)
-    log_unsupported(table, n_groups)
-        the log line naming them
+    log_unsupported(table, n_groups, share)
+        the warning naming them, why, and the table (`ARTIFACT`) that says why for each
 
 A group with a forecast that is not finite is never withheld: its metrics stay non-finite and the run fails.
 """
@@ -58,7 +58,7 @@ def farthest(batch: GroupedBatch, predicted: torch.Tensor, center: float) -> Tup
     real = batch.weight.cpu() > 0
     if not values.shape[1]:
         return np.full(values.shape[0], np.nan), np.ones(values.shape[0], dtype=bool)
-    distance = torch.where(real, (values - center).abs().nan_to_num(nan=np.inf), torch.full_like(values, -1.0))
+    distance = (values - center).abs_().nan_to_num_(nan=np.inf).masked_fill_(~real, -1.0)  # one (G, N) temporary
     forecast = values.gather(1, distance.argmax(dim=1, keepdim=True)).flatten()
     forecast = torch.where(real.any(dim=1), forecast, torch.full_like(forecast, float("nan")))
     return forecast.numpy(), (torch.isfinite(values) | ~real).all(dim=1).numpy()
