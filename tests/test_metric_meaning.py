@@ -1,15 +1,16 @@
 """Results and metrics that mean something (issue 44; docs/reliability.md).
 
 - 200 groups of 2 training rows with a spline of k=10 (14 coefficients), target near 20: the forecasts
-  reach thousands; most groups (148) are unsupported, more than evaluate.max_unsupported_share allows, so the run
-  ends FAILED (exit 2) with a numerical error naming the groups, the cause (fewer training rows than
-  coefficients) and the fix, never FINISHED as if fine; the same data grouped more coarsely (the fix) ends
-  FINISHED;
+  reach thousands; most groups (148) are unsupported, more than evaluate.max_unsupported_share allows,
+  so the run ends FAILED (exit 2) with a numerical error naming the groups, the cause (fewer training rows
+  than coefficients) and the fix, never FINISHED as if fine; the same data grouped more coarsely (the fix)
+  ends FINISHED;
 - one bad group does not sink the run (issue 58): 200 groups of 60 days, one with its test x far outside its
   training range: FINISHED, the group named in the log, withheld from the predictions and the metrics
-  (rmse_test equals the float64 RMSE of the logged predictions and the run without that group), counted
-  in groups_unsupported and described in predictions/groups_unsupported.csv; three such groups (1.5%, over
-  the default 1%) or a run of one group: FAILED naming the setting and the fix;
+  (rmse_test equals the float64 RMSE of the logged predictions and the run without that group) and from
+  the logged model's input example, counted in groups_unsupported and described in
+  predictions/groups_unsupported.csv; three such groups (1.5%, over the default 1%) or a run of one group:
+  FAILED naming the setting and the fix; only finite far forecasts are withheld; a share of 1 is refused;
 - a target that is 0 (all of it, or all of the test period): MAPE is undefined there, logged as NaN with
   a warning, and the valid fit ends FINISHED (its RMSE finite).
 Real CSV files, real commands, a real sqlite store.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 
+import mlflow
 import numpy as np
 import pandas as pd
 import pytest
@@ -113,25 +115,25 @@ def test_one_group_far_outside_its_training_data_is_withheld_and_the_run_finishe
     from tamrun.fit.unsupported import BEYOND
     from tamrun.runner import run
 
-    far_groups_csv(tmp_path / "far.csv", 200, (7,))
+    far_groups_csv(tmp_path / "far.csv", 200, (0,))  # the first group: its rows open the test split
     with caplog.at_level("WARNING", logger="tamrun"):
-        result = run(compose_cfg(*LINEAR, f"data.path={tmp_path / 'far.csv'}"))
+        result = run(compose_cfg(*LINEAR, f"data.path={tmp_path / 'far.csv'}", "tracking.log_model=true"))
     client = MlflowClient(tracking_uri=store_uri)
     recorded = client.get_run(result.run_id)
     assert recorded.info.status == "FINISHED" and recorded.data.metrics["groups_unsupported"] == 1
     assert recorded.data.metrics["data/n_test_rows"] == 200 * 15  # the split's rows, withheld ones included
     (line,) = [r.getMessage() for r in caplog.records if "withheld from the forecast" in r.getMessage()]
-    assert line.startswith("1 of 200 group(s) withheld from the forecast and the metrics") and "up to 2): 7; the test " \
+    assert line.startswith("1 of 200 group(s) withheld from the forecast and the metrics") and "up to 2): 0; the test " \
         "forecasts of 1 group(s) reach" in line and "predictions/groups_unsupported.csv says why" in line
     folder = tmp_path / "artifacts"
     why = pd.read_csv(client.download_artifacts(result.run_id, "predictions/groups_unsupported.csv", str(folder)))
     assert why[["group", "split", "reason", "training_rows", "coefficients"]].values.tolist() == \
-        [[7, "test", BEYOND, 45, 2]]
+        [[0, "test", BEYOND, 45, 2]]
     assert why["spreads"].iloc[0] > 100 and abs(why["forecast"].iloc[0]) > 1000
     table = pd.read_parquet(client.download_artifacts(result.run_id, "predictions/predictions.parquet", str(folder)))
-    assert 7 not in set(table["group"]) and table["group"].nunique() == 199 and table.notna().all().all()
+    assert 0 not in set(table["group"]) and table["group"].nunique() == 199 and table.notna().all().all()
     per_group = pd.read_csv(client.download_artifacts(result.run_id, "predictions/group_metrics.csv", str(folder)))
-    assert 7 not in set(per_group["group"]) and len(per_group) == 2 * 199
+    assert 0 not in set(per_group["group"]) and len(per_group) == 2 * 199
     test = table[table["split"] == "test"]
     error = test["actual"].to_numpy(np.float64) - test["predicted"].to_numpy(np.float64)
     reference = float(np.sqrt(np.mean(error ** 2)))  # float64, the other 199 groups' 2,985 test rows
@@ -139,11 +141,18 @@ def test_one_group_far_outside_its_training_data_is_withheld_and_the_run_finishe
     assert recorded.data.metrics["rmse_test"] < 0.2  # the noise's 0.1, not the withheld group's thousands
     without = tmp_path / "without.csv"
     frame = pd.read_csv(tmp_path / "far.csv")
-    frame[frame.g != 7].to_csv(without, index=False)
+    frame[frame.g != 0].to_csv(without, index=False)
     alone = run(compose_cfg(*LINEAR, f"data.path={without}"))  # groups are independent systems: the same fits
     assert alone.metrics["groups_unsupported"] == 0
     for name in ("rmse_test", "mape_test", "rmse_train", "coverage_80_test"):
         assert result.metrics[name] == pytest.approx(alone.metrics[name], rel=1e-9), name
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(store_uri)
+    try:  # the logged model's input example: the supported groups' rows (the withheld group's open the split)
+        example = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model").input_example
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert len(example) == 5 and 0 not in set(example["g"]) and example["x"].max() <= 10
 
 
 @pytest.mark.parametrize("groups, far", [(200, (7, 20, 33)), (1, (0,))], ids=["3 of 200", "a single group"])
