@@ -1,17 +1,18 @@
 """The fitted model as an MLflow 3 LoggedModel named "model": ``mlflow.pyfunc.load_model("runs:/<run id>/model")``
 (or ``models:/<model_id>``, or a registered ``models:/<name>@champion``).
 
-The model is logged as code (`tamrun.tracking.pyfunc_code`, MLflow's models-from-code: no object is
-cloudpickled) plus one artifact folder, the `tamrun.fit.fitted.FittedModel` on the CPU as data
+The model holds data only, no Python source: the `tamrun.fit.fitted.FittedModel` on the CPU
 (`tamrun.tracking.model_state`: its tensors in safetensors, the rest in JSON; loading it unpickles
 nothing): the design with its per-group feature ranges and each effect's state, the (G, D)
 coefficients, the group order and the data recipe (derived columns, the time index's origin, the date,
-target and group columns).
+target and group columns). Its MLmodel names the installed tamrun's loader (`LOADER_MODULE`,
+`tamrun.tracking.pyfunc_loader`), which checks every file of the model against the sha256 digests the
+run recorded in the tracking store (`tamrun.tracking.model_files`) before it reads any of them.
 
-It runs where tamrun is not installed: tamrun's own code travels with it (MLflow's ``code_paths``, the
-package without its embedded data), and its requirements are tamrun's dependencies at this
-environment's versions, torch from PyTorch's CPU index (`requirements`): ``mlflow models serve`` and
-``mlflow models predict`` build that environment and serve it.
+Where tamrun is not installed, ``mlflow models serve`` and ``mlflow models predict`` build the model's
+environment from its requirements: tamrun's dependencies at this environment's versions, torch from
+PyTorch's CPU index (`requirements`), and tamrun itself as the one wheel logged with the model, pinned
+by its sha256 (`tamrun.tracking.model_files.wheel_requirement`).
 
 Its input is the user's raw table: the group column, the effects' columns that are read from the
 file, and what the derived columns are computed from (the date for a time index, an ``isin``'s
@@ -40,6 +41,7 @@ import tamrun
 from tamrun.process.filesystem import writing
 from tamrun.fit.fitted import FittedModel
 from tamrun.machine.placement import HOST
+from tamrun.tracking.model_files import MANIFEST_TAG, file_digests, manifest_text, tamrun_wheel, wheel_requirement
 from tamrun.tracking.model_state import load_state, save_state
 from tamrun.tracking.store.store import local_folder
 
@@ -51,11 +53,9 @@ FITTED_ARTIFACT = "fitted"  # the FittedModel's state folder, among the model's 
 LOGGED_MODEL_NAME = "model"
 PREDICTION = "predicted"  # the output table's prediction column
 DATE_TEXT = "%Y-%m-%d %H:%M:%S"  # how the signature's example writes a date (any text pandas parses is read)
-# What of the tamrun package does not travel with a model: caches and the embedded data (5 MB).
-CODE_LEFT_OUT = ("__pycache__", "*.pyc", "national")
 # Where pip finds torch's CPU build (PyPI's Linux wheel is the CUDA one, several GB).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-CODE_FILE = Path(__file__).with_name("pyfunc_code.py")
+LOADER_MODULE = "tamrun.tracking.pyfunc_loader"  # the pyfunc flavor's loader: a module of the installed tamrun
 EXAMPLE_ROWS = 5
 
 
@@ -95,13 +95,6 @@ def dates_as_text(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.assign(**{column: frame[column].dt.strftime(DATE_TEXT).astype(object)})
 
 
-def package_code(folder: Path) -> Path:
-    """A copy of the tamrun package under ``folder`` (without `CODE_LEFT_OUT`), for ``code_paths``."""
-    target = folder / "tamrun"
-    shutil.copytree(Path(tamrun.__file__).parent, target, ignore=shutil.ignore_patterns(*CODE_LEFT_OUT))
-    return target
-
-
 def declared_dependencies() -> List[str]:
     """tamrun's declared dependencies: its installed metadata, else (a source checkout on PYTHONPATH, not
     installed) the ``[project] dependencies`` of the pyproject.toml beside the package; [] without either."""
@@ -123,7 +116,7 @@ def declared_dependencies() -> List[str]:
 def requirements() -> List[str]:
     """tamrun's own dependencies (not its extras) pinned at this environment's versions, torch's build
     taken from `TORCH_CPU_INDEX` (a local version such as +cpu dropped: pip prefers that index's CPU
-    build of the same version). tamrun itself is not among them: its code travels with the model."""
+    build of the same version). tamrun itself is added as the wheel logged with the model."""
     from importlib.metadata import version
 
     from packaging.requirements import Requirement
@@ -178,9 +171,12 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
                          model_id=logged.model_id)
             path = Path(tmp) / "model"
             signature = infer_signature(sample, prediction_table(model, sample))
-            mlflow.pyfunc.save_model(str(path), python_model=str(CODE_FILE), artifacts={FITTED_ARTIFACT: str(state)},
-                                     signature=signature, input_example=sample, pip_requirements=requirements(),
-                                     code_paths=[str(package_code(Path(tmp) / "code"))], mlflow_model=info)
+            wheel = tamrun_wheel(declared_dependencies(), Path(tmp))
+            mlflow.pyfunc.save_model(str(path), loader_module=LOADER_MODULE, data_path=str(state), signature=signature,
+                                     input_example=sample, pip_requirements=[*requirements(), wheel_requirement(wheel)],
+                                     mlflow_model=info)
+            shutil.copy(wheel, path / wheel.name)
+            client.set_logged_model_tags(logged.model_id, {MANIFEST_TAG: manifest_text(file_digests(path))})
             with writing(local_folder(logged.artifact_location)):
                 client.log_model_artifacts(logged.model_id, str(path))
     except BaseException:
