@@ -358,3 +358,24 @@ def test_mlflow_models_serve_refuses_a_tampered_model_and_serves_it_restored(log
             served = [row["predicted"] for row in json.loads(answer.read())["predictions"]]
     expected = load_state(state).predict_values(pd.read_csv(csv, parse_dates=["date"]).head(20))
     assert served == pytest.approx(list(expected), rel=1e-9)
+
+
+def test_a_model_without_recorded_digests_is_not_registered(logged, tmp_path):
+    """A LoggedModel whose store holds no digests (logged before tamrun recorded them, or the tag removed):
+    ``--register`` exits 2 with one line naming the tag and the fix, registering nothing."""
+    from tamrun.tracking.model_files import MANIFEST_TAG
+    from test_compare import compare
+
+    folder, _, _, _ = logged
+    client = MlflowClient(tracking_uri=store_of(folder))
+    (model,) = client.search_logged_models([client.get_experiment_by_name("tamrun").experiment_id])
+    client.delete_logged_model_tag(model.model_id, MANIFEST_TAG)
+    try:
+        done = compare("--store", store_of(folder), "--best", "--register", "unrecorded", cwd=tmp_path)
+    finally:
+        client.set_logged_model_tags(model.model_id, {MANIFEST_TAG: model.tags[MANIFEST_TAG]})
+    assert done.returncode == 2 and done.stderr == (
+        f"tamrun: model error: models:/{model.model_id}='tamrun.model_files': the store records no digest of its "
+        "files (a model logged before tamrun recorded its files, or the tag was removed). Fix: run the run again: "
+        "it logs the model anew, its files recorded\n")
+    assert "unrecorded" not in [m.name for m in client.search_registered_models()]

@@ -75,7 +75,8 @@ def recorded_files(model_id: str, tracking_uri: Optional[str] = None) -> Dict[st
     text = logged.tags.get(MANIFEST_TAG)
     if not text:
         raise ModelFileError(where, MANIFEST_TAG, "the store records no digest of its files (a model logged "
-                             "before tamrun recorded its files, or the tag was removed)", RELOG)
+                             "before tamrun recorded its files, or the tag was removed)",
+                             "run the run again: it logs the model anew, its files recorded")
     return json.loads(text)
 
 
