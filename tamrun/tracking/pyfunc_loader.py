@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 MLMODEL = "MLmodel"
 RELOG = "run the run again to log the model anew (or restore the artifact store's copy of it from a backup)"
+UNRECORDED = "run the run again: it logs the model anew, its files recorded"
 
 
 class LoadedModel:
@@ -75,9 +76,15 @@ def recorded_files(model_id: str, tracking_uri: Optional[str] = None) -> Dict[st
     text = logged.tags.get(MANIFEST_TAG)
     if not text:
         raise ModelFileError(where, MANIFEST_TAG, "the store records no digest of its files (a model logged "
-                             "before tamrun recorded its files, or the tag was removed)",
-                             "run the run again: it logs the model anew, its files recorded")
-    return json.loads(text)
+                             "before tamrun recorded its files, or the tag was removed)", UNRECORDED)
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise ModelFileError(where, MANIFEST_TAG, "the store's record of its files is not the JSON a run writes",
+                             UNRECORDED)
+    return recorded
 
 
 def verify_files(root: Path, tracking_uri: Optional[str] = None) -> str:
