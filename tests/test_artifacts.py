@@ -47,11 +47,12 @@ def cg_run(tmp_path_factory):
     return run(cfg), cfg, store, folder
 
 
-def test_the_pyfunc_model_predicts_what_the_run_predicted(cg_run):
+def test_the_pyfunc_model_predicts_what_the_run_predicted(cg_run, monkeypatch):
     result, cfg, store, folder = cg_run
     client = MlflowClient(tracking_uri=store)
     logged = client.search_logged_models([client.get_run(result.run_id).info.experiment_id])
     assert [m.source_run_id for m in logged] == [result.run_id] and logged[0].status.name == "READY"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # the store its files are checked against
     loaded = mlflow.pyfunc.load_model(logged[0].artifact_location)
     # no input schema (MLflow's refuses a datetime date or a CSV request: pyfunc_model's doc); the example lists the columns
     assert loaded.metadata.get_input_schema() is None

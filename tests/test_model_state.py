@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import List
 
@@ -65,14 +66,14 @@ def logged(tmp_path_factory):
     csv = folder / "d.csv"
     synthetic_frame(days=60).to_csv(csv, index=False)
     artifacts = logged_model(folder, csv, EFFECTS)
-    return folder, artifacts, artifacts / "artifacts" / "fitted", csv
+    return folder, artifacts, artifacts / "data" / "fitted", csv
 
 
 def test_a_logged_model_loads_without_unpickling_on_a_cpu_only_machine(logged):
     folder, artifacts, state, csv = logged
     assert not list(artifacts.rglob("*.pkl")) and {p.name for p in state.iterdir()} == {"fitted.json",
                                                                                          "fitted.safetensors"}
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
     child = subprocess.run([sys.executable, "-c", CHILD, str(artifacts), str(csv)], capture_output=True, text=True,
                            env=env, timeout=300)
     assert child.returncode == 0, child.stderr[-3000:]
@@ -144,3 +145,257 @@ def test_a_malformed_state_is_refused_as_such(logged, tmp_path, tamper):
     (tampered / STATE).write_text(json.dumps(tree))
     with pytest.raises(ModelStateError):
         load_state(tampered)
+
+
+# --- issue 58: a model file is data too. The logged model holds no code; every file of it is checked against the
+# sha256 its run recorded in the tracking store before MLflow's load, `mlflow models serve` or --register use it.
+
+LOAD = """
+import sys, mlflow.pyfunc
+mlflow.pyfunc.load_model(sys.argv[1])
+print("LOADED")
+"""
+
+
+def payload(folder: Path) -> bytes:
+    """A line that leaves a file in ``folder`` if it ever runs."""
+    return f"\nopen({str(folder / 'PWNED')!r}, 'w').write('ran')\n".encode()
+
+
+def rewrite_tensor(state: Path, make) -> None:
+    """``fitted.safetensors`` of ``state`` rewritten with its first float64 tensor replaced by ``make(tensor)``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(state / "fitted.safetensors"))
+    name = next(key for key in sorted(tensors) if tensors[key].dtype == torch.float64)
+    tensors[name] = make(tensors[name])
+    save_file(tensors, str(state / "fitted.safetensors"))
+
+
+def tamper(model: Path, how: str) -> str:
+    """Change the model folder ``model`` as an adversary with write access to the artifact store would;
+    returns the path (in the model) of the file the refusal must name."""
+    import torch
+
+    state = model / "data" / "fitted"
+    if how == "wheel":
+        (wheel,) = model.glob("*.whl")
+        with open(wheel, "ab") as handle:
+            handle.write(payload(model.parent))
+        return wheel.name
+    if how == "code added":
+        (model / "code" / "tamrun").mkdir(parents=True)
+        (model / "code" / "tamrun" / "__init__.py").write_bytes(payload(model.parent))
+        (model / "pyfunc_code.py").write_bytes(payload(model.parent))
+        return "code/tamrun/__init__.py"
+    if how == "requirements":
+        with open(model / "requirements.txt", "a") as handle:
+            handle.write("\nevil-package==1.0\n")
+        return "requirements.txt"
+    makers = {"nan": lambda t: torch.full_like(t, float("nan")), "1e300": lambda t: torch.full_like(t, 1e300),
+              "int8": lambda t: t.to(torch.int8)}
+    rewrite_tensor(state, makers[how])
+    return "data/fitted/fitted.safetensors"
+
+
+def load_child(uri: str, cwd: Path, store: str = "") -> subprocess.CompletedProcess:
+    """``mlflow.pyfunc.load_model(uri)`` in a fresh process (MLFLOW_TRACKING_URI=``store``, none when empty)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    return subprocess.run([sys.executable, "-c", LOAD, uri], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**env, **({"MLFLOW_TRACKING_URI": store} if store else {})})
+
+
+def store_of(folder: Path) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def load_in_process(folder: Path, model: Path):
+    """``mlflow.pyfunc.load_model(model)`` in this process, verified against the store of the run in
+    ``folder`` (`logged_model`), the process's tracking URI restored after."""
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(store_of(folder))
+    try:
+        return mlflow.pyfunc.load_model(str(model))
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+def test_the_logged_model_holds_no_code_and_its_run_recorded_every_file(logged):
+    """Nine files, none of them Python source; MLflow's loader is the installed tamrun's; the store holds the
+    sha256 of every one; requirements.txt pins the one wheel of tamrun by its sha256."""
+    import yaml
+
+    from tamrun.tracking.model_files import MANIFEST_TAG, file_digests, sha256_of
+
+    folder, artifacts, _, _ = logged
+    files = sorted(p.relative_to(artifacts).as_posix() for p in artifacts.rglob("*") if p.is_file())
+    (wheel,) = artifacts.glob("tamrun-*-py3-none-any.whl")
+    assert files == sorted(["MLmodel", "conda.yaml", "python_env.yaml", "requirements.txt", "input_example.json",
+                            "serving_input_example.json", "data/fitted/fitted.json", "data/fitted/fitted.safetensors",
+                            wheel.name]) and not list(artifacts.rglob("*.py"))
+    flavor = yaml.safe_load((artifacts / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavor["loader_module"] == "tamrun.tracking.pyfunc_loader" and not flavor.get("code")
+    client = MlflowClient(tracking_uri=store_of(folder))
+    (model,) = client.search_logged_models([client.get_experiment_by_name("tamrun").experiment_id])
+    assert json.loads(model.tags[MANIFEST_TAG]) == file_digests(artifacts)
+    pinned = f"file:{wheel.name}#sha256={sha256_of(wheel)}"
+    assert pinned in (artifacts / "requirements.txt").read_text().splitlines()
+
+
+@pytest.mark.parametrize("how", ["wheel", "code added", "requirements", "nan", "1e300", "int8"])
+def test_a_tampered_model_folder_is_refused_before_anything_of_it_runs(logged, tmp_path, how):
+    """A copy of the model changed on disk: ``mlflow.pyfunc.load_model`` of it (the store reachable) ends with
+    one line naming the changed file and the fix; the payload never runs."""
+    folder, artifacts, _, _ = logged
+    model = tmp_path / "model"
+    shutil.copytree(artifacts, model)
+    changed = tamper(model, how)
+    child = load_child(str(model), tmp_path, store_of(folder))
+    last = child.stderr.strip().splitlines()[-1]
+    assert child.returncode == 1 and "LOADED" not in child.stdout, child.stderr[-3000:]
+    assert last.startswith("tamrun.tracking.model_files.ModelFileError: models:/m-") and f"='{changed}': " in last
+    assert "the model is refused unread. Fix: do not serve this copy; run the run again" in last, last
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_tampered_artifact_store_refuses_runs_and_models_uris_and_register(logged, tmp_path):
+    """The wheel in the artifact store itself changed: ``runs:/<id>/model`` and ``models:/<id>`` are refused,
+    and ``python -m tamrun.compare --best --register`` exits 2 with one line, registering nothing. The same
+    model restored registers and loads as ``models:/<name>@champion``."""
+    from test_compare import compare
+
+    folder, artifacts, _, _ = logged
+    store = store_of(folder)
+    client = MlflowClient(tracking_uri=store)
+    (model,) = client.search_logged_models([client.get_experiment_by_name("tamrun").experiment_id])
+    (wheel,) = artifacts.glob("*.whl")
+    original = wheel.read_bytes()
+    try:
+        with open(wheel, "ab") as handle:
+            handle.write(payload(tmp_path))
+        for uri in (f"runs:/{model.source_run_id}/model", f"models:/{model.model_id}"):
+            child = load_child(uri, tmp_path, store)
+            assert child.returncode == 1 and f"='{wheel.name}': changed since the run logged it" in child.stderr
+        done = compare("--store", store, "--best", "--register", "tampered", cwd=tmp_path)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+        assert done.stderr.startswith(f"tamrun: model error: models:/{model.model_id}='{wheel.name}': changed")
+        assert not client.search_registered_models()
+    finally:
+        wheel.write_bytes(original)
+    assert not (tmp_path / "PWNED").exists()
+    done = compare("--store", store, "--best", "--register", "restored", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert load_child("models:/restored@champion", tmp_path, store).stdout.strip() == "LOADED"
+
+
+def test_a_model_is_loaded_only_against_the_store_that_recorded_it(logged, tmp_path):
+    """A model folder loaded with no tracking store named, or with a store that never saw it, is refused:
+    nothing says its files are the run's."""
+    _, artifacts, _, _ = logged
+    alone = load_child(str(artifacts), tmp_path)
+    assert alone.returncode == 1 and "='no tracking store': its files cannot be checked" in alone.stderr
+    assert "Fix: set MLFLOW_TRACKING_URI to the store its run logged it to" in alone.stderr
+    other = load_child(str(artifacts), tmp_path, store_of(tmp_path))
+    assert other.returncode == 1 and "the tracking store has no record of this model" in other.stderr
+
+
+@pytest.mark.parametrize("how, message", [
+    ("nan", "holds 1 non-finite value(s) (NaN or infinite), where fitted.json declares it finite"),
+    ("int8", "is int8, where fitted.json declares float64"),
+    ("shape", "has the shape [2], where fitted.json declares"),
+])
+def test_a_tensor_that_is_not_what_the_json_declares_is_refused_naming_it(logged, tmp_path, how, message):
+    """Past the digests (the state read alone), each tensor is checked against its JSON node: dtype, shape,
+    finiteness."""
+    import torch
+
+    _, _, state, _ = logged
+    copy = tmp_path / "fitted"
+    shutil.copytree(state, copy)
+
+    def make(tensor):
+        if how == "nan":
+            return tensor.flatten().index_fill(0, torch.tensor([0]), float("nan")).reshape(tensor.shape)
+        return tensor.to(torch.int8) if how == "int8" else torch.zeros(2, dtype=tensor.dtype)
+
+    rewrite_tensor(copy, make)
+    with pytest.raises(ModelStateError, match="the tensor 't[0-9]+' of fitted.safetensors ") as refused:
+        load_state(copy)
+    assert message in str(refused.value) and "the model is refused" in str(refused.value)
+
+
+def test_the_model_s_wheel_installs_only_with_its_pinned_sha256(logged, tmp_path):
+    """What ``mlflow models serve --env-manager virtualenv`` does with the requirements' wheel line, without
+    an index: pip installs the model's own wheel (its tamrun imports from there), and refuses a changed one."""
+    _, artifacts, _, _ = logged
+    model = tmp_path / "model"
+    shutil.copytree(artifacts, model)
+    line = next(x for x in (model / "requirements.txt").read_text().splitlines() if x.startswith("file:tamrun-"))
+    (model / "wheel.txt").write_text(line + "\n")
+
+    def install(target):
+        return subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target",
+                               str(tmp_path / target), "-r", "wheel.txt"], cwd=model, capture_output=True,
+                              text=True, timeout=300)
+
+    assert install("good").returncode == 0
+    where = subprocess.run([sys.executable, "-c", "import tamrun.tracking.pyfunc_loader as m; print(m.__file__)"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path / "good")})
+    assert where.stdout.strip().startswith(str(tmp_path / "good" / "tamrun")), where.stderr[-2000:]
+    tamper(model, "wheel")
+    refused = install("bad")
+    assert refused.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr
+    assert not (tmp_path / "bad" / "tamrun").exists()
+
+
+def test_mlflow_models_serve_refuses_a_tampered_model_and_serves_it_restored(logged, tmp_path):
+    """`mlflow models serve` of a copy whose code was added to: the server ends, its log's last line the
+    refusal naming the file; the payload never ran. The untouched model serves the run's predictions."""
+    import pandas as pd
+
+    from servers import model_server
+
+    folder, artifacts, state, csv = logged
+    model = tmp_path / "model"
+    shutil.copytree(artifacts, model)
+    changed = tamper(model, "code added")
+    env = {"MLFLOW_TRACKING_URI": store_of(folder), "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    with pytest.raises(AssertionError) as ended:
+        with model_server(sys.executable, str(model), tmp_path / "serve.log", env):
+            pass
+    last = [line for line in (tmp_path / "serve.log").read_text().splitlines() if "ModelFileError" in line]
+    assert last and f"='{changed}': was added (the run recorded no such file)" in last[-1], str(ended.value)
+    assert not (tmp_path / "PWNED").exists()
+    rows = pd.read_csv(csv).head(20)
+    with model_server(sys.executable, str(artifacts), tmp_path / "good.log", env) as url:
+        body = json.dumps({"dataframe_split": json.loads(rows.to_json(orient="split", index=False))}).encode()
+        request = urllib.request.Request(f"{url}/invocations", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            served = [row["predicted"] for row in json.loads(answer.read())["predictions"]]
+    expected = load_state(state).predict_values(pd.read_csv(csv, parse_dates=["date"]).head(20))
+    assert served == pytest.approx(list(expected), rel=1e-9)
+
+
+def test_a_model_without_recorded_digests_is_not_registered(logged, tmp_path):
+    """A LoggedModel whose store holds no digests (logged before tamrun recorded them, or the tag removed):
+    ``--register`` exits 2 with one line naming the tag and the fix, registering nothing."""
+    from tamrun.tracking.model_files import MANIFEST_TAG
+    from test_compare import compare
+
+    folder, _, _, _ = logged
+    client = MlflowClient(tracking_uri=store_of(folder))
+    (model,) = client.search_logged_models([client.get_experiment_by_name("tamrun").experiment_id])
+    client.delete_logged_model_tag(model.model_id, MANIFEST_TAG)
+    try:
+        done = compare("--store", store_of(folder), "--best", "--register", "unrecorded", cwd=tmp_path)
+    finally:
+        client.set_logged_model_tags(model.model_id, {MANIFEST_TAG: model.tags[MANIFEST_TAG]})
+    assert done.returncode == 2 and done.stderr == (
+        f"tamrun: model error: models:/{model.model_id}='tamrun.model_files': the store records no digest of its "
+        "files (a model logged before tamrun recorded its files, or the tag was removed). Fix: run the run again: "
+        "it logs the model anew, its files recorded\n")
+    assert "unrecorded" not in [m.name for m in client.search_registered_models()]

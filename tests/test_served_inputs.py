@@ -13,14 +13,13 @@ import datetime as dt
 import json
 import shutil
 
-import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
 from conftest import synthetic_frame
-from test_model_state import logged_model
+from test_model_state import load_in_process, logged_model
 from tamrun.fit.support import SUPPORT_MARGIN
 from tamrun.tracking.model_state import STATE, load_state
 from tamrun.tracking.pyfunc_model import TamPyfuncModel
@@ -42,7 +41,7 @@ def served(tmp_path_factory):
     artifacts = logged_model(folder, csv, EFFECTS)
     table = pd.read_csv(csv)
     train = pd.read_csv(csv, parse_dates=["date"])
-    return {"model": mlflow.pyfunc.load_model(str(artifacts)), "state": artifacts / "artifacts" / "fitted",
+    return {"model": load_in_process(folder, artifacts), "state": artifacts / "data" / "fitted",
             "rows": table.tail(ROWS).reset_index(drop=True), "train": train[train["date"] < "2020-02-16"]}
 
 
@@ -190,7 +189,7 @@ def test_a_dictionary_encoded_group_column_fits_and_serves(tmp_path):
     table = pa.Table.from_pandas(frame.assign(g="s" + frame["g"].astype(str)), preserve_index=False)
     table = table.set_column(table.schema.get_field_index("g"), "g", table.column("g").dictionary_encode())
     pq.write_table(table, tmp_path / "d.parquet")
-    model = mlflow.pyfunc.load_model(str(logged_model(tmp_path, tmp_path / "d.parquet", EFFECTS[:1])))
+    model = load_in_process(tmp_path, logged_model(tmp_path, tmp_path / "d.parquet", EFFECTS[:1]))
     rows = pd.read_parquet(tmp_path / "d.parquet").tail(ROWS)
     assert isinstance(rows["g"].dtype, pd.CategoricalDtype)
     as_category, as_text = model.predict(rows), model.predict(rows.assign(g=rows["g"].astype(str)))

@@ -1,12 +1,14 @@
 """The logged model served the MLflow way (`mlflow models serve`, a real HTTP server on 127.0.0.1): from
 this environment, and from the environment MLflow's virtualenv manager builds from nothing but the model's
-own requirements.txt (tamrun not installed there: its code travels with the model). Rows of the national
+own requirements.txt (tamrun installed there from the one wheel logged with the model, pinned by its sha256).
+Rows of the national
 table as the user has them, dates as text, sent as CSV and as JSON; the answer is a table (date, group,
 prediction and its intervals) equal to the run's own test predictions (float64, to 1e-8 relative)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -121,9 +123,10 @@ def test_the_run_s_model_serves_csv_and_json_rows_with_dates_as_text(national, t
         check_refused(url, national)
 
 
-def test_the_loaded_model_reads_dates_parsed_as_datetimes_or_as_text(national):
+def test_the_loaded_model_reads_dates_parsed_as_datetimes_or_as_text(national, monkeypatch):
     """``mlflow.pyfunc.load_model(...).predict(df)`` with the date as pandas parses it (datetime64) or as the
     file has it (text): the run's predictions both ways (issue 58: the datetime column failed MLflow's schema)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", national["store"])  # the store its files are checked against
     model = mlflow.pyfunc.load_model(national["model"])
     rows = national["rows"]
     for given in (rows.assign(date=pd.to_datetime(rows["date"])), rows):
@@ -136,16 +139,19 @@ def test_the_loaded_model_reads_dates_parsed_as_datetimes_or_as_text(national):
 def test_the_model_serves_from_the_environment_mlflow_builds_from_its_own_requirements(national, tmp_path):
     """`mlflow models serve --env-manager virtualenv`: MLflow makes a new virtual environment (its root in
     MLFLOW_ENV_ROOT) and pip installs the model's requirements.txt there (an unreachable index is tried once,
-    PIP_RETRIES=0); tamrun cannot be imported in it, yet the model serves the same predictions (its code
-    travels with it)."""
-    listed = (Path(national["model"]) / "requirements.txt").read_text()
-    assert "tamrun" not in listed and "--extra-index-url https://download.pytorch.org/whl/cpu" in listed
+    PIP_RETRIES=0), tamrun from the model's own wheel (its sha256 pinned), and the model serves the same
+    predictions, its files checked against the store first."""
+    listed = (Path(national["model"]) / "requirements.txt").read_text().splitlines()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in listed
+    (wheel,) = [line for line in listed if "tamrun" in line]
+    assert wheel.startswith("file:tamrun-") and "-py3-none-any.whl#sha256=" in wheel
     envs = tmp_path / "envs"
-    env = {"MLFLOW_ENV_ROOT": str(envs), "PIP_RETRIES": "0"}
+    env = {"MLFLOW_ENV_ROOT": str(envs), "PIP_RETRIES": "0", "MLFLOW_TRACKING_URI": national["store"]}
     with model_server(sys.executable, national["model"], tmp_path / "serve.log", env, env_manager="virtualenv",
                       deadline_s=ENV_BUILD_TIMEOUT_S) as url:
         check_served(url, national)
     (python,) = envs.glob("*/bin/python")  # the one environment MLflow built for the model
-    alone = subprocess.run([str(python), "-c", "import tamrun"], capture_output=True, text=True, timeout=120,
-                           cwd=tmp_path)
-    assert "No module named 'tamrun'" in alone.stderr  # not installed in the model's environment
+    alone = subprocess.run([str(python), "-c", "import tamrun; print(tamrun.__file__)"], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path, env={k: v for k, v in os.environ.items()
+                                                                    if k != "PYTHONPATH"})
+    assert alone.stdout.startswith(str(envs)), alone.stderr  # installed in the model's environment, from its wheel

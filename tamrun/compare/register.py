@@ -104,13 +104,18 @@ def register(client: Any, best: Any, model_uri: str, name: str, store: str, alia
     """A new version of the registered model ``name`` (created if absent) in ``store`` from ``model_uri``,
     the best run's LoggedModel, with ``alias`` moved to it; returns the ModelVersion. A model registered
     under ``name`` already keeps its version (registering twice adds none). A locked server's refusal is a
-    `ConfigError` naming the user, the model and the permission (`tamrun.tracking.store.server_access`)."""
+    `ConfigError` naming the user, the model and the permission (`tamrun.tracking.store.server_access`). A
+    model whose files are not those its run recorded is refused before anything is registered
+    (`tamrun.tracking.pyfunc_loader.verify_logged_model`)."""
     from mlflow.exceptions import MlflowException
 
+    from tamrun.tracking.pyfunc_loader import verify_logged_model
     from tamrun.tracking.store.server_access import access_error
 
     check_names(name, alias)
     user = check_may_register(client, store, best.run, name)
+    with tracking_uri_set(store):
+        verify_logged_model(client, model_uri.removeprefix("models:/"))
     try:
         try:
             client.create_registered_model(name, description="Registered by python -m tamrun.compare --register")

@@ -443,7 +443,8 @@ class TrackingConfig:
     log_predictions: bool = True
     log_plots: bool = True
     # The fitted model as an MLflow LoggedModel named "model" (runs:/<run id>/model), with its signature
-    # (outputs), input example, training support and tamrun's own code (tamrun/tracking/pyfunc_model.py).
+    # (outputs), input example, training support, its state as data and one wheel of tamrun; the sha256 of
+    # each file recorded in the store (tamrun/tracking/pyfunc_model.py).
     log_model: bool = True
     # sqlite stores: each connection waits this long for a lock held by another process.
     busy_timeout_s: float = 60.0

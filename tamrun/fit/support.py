@@ -3,7 +3,7 @@
     TrainingSupport = the feature columns checked + per group and column the lowest and highest training
                       value (G, C) + the training target's median and spread (`tamrun.fit.evaluate.support`)
 
-A served forecast (`tamrun.tracking.serve_inputs`) is held to a run's standard with it: a row whose feature
+A served forecast (`tamrun.fit.served_rows`) is held to a run's standard with it: a row whose feature
 lies beyond its group's training range by more than `SUPPORT_MARGIN` times that range's span is refused,
 and so is a forecast farther from the training target's median than a run accepts (`SUPPORT_FACTOR`
 spreads: `tamrun.fit.evaluate.unsupported_groups`). In the design's own coordinates (`RangeScaler`: -1 .. 1

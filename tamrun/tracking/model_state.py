@@ -8,15 +8,19 @@ as two files that only hold data, and `load_state` rebuilds it without unpicklin
                          on the host (it loads on a machine without a GPU)
     fitted.json          the object tree: {"format": FORMAT, "root": <node>}, where a node is
                          a JSON scalar | [node, ...] | {"str": node} (a dict of string keys) or
-                         {"$": kind, ...}: tensor (its name), array (a tensor read back as numpy),
+                         {"$": kind, ...}: tensor (its name, dtype, shape, finite), array (a tensor read back as numpy),
                          tuple, dict (pairs of nodes), set, float (nan, inf), timestamp (ISO),
                          dtype (torch's name), enum (class, value), object (class, fields), ref (an
                          object already read: shared objects stay shared)
 
 An ``object`` or ``enum`` node names its class; `load_state` builds only tamrun's own classes
 (``tamrun.`` modules, `ALLOWED_PREFIX`), without calling their ``__init__`` or ``__setstate__`` (the fields
-are set as they were saved), so a tampered file can at most give a wrong model, never run code. A
-node of any other kind is refused (`ModelStateError`).
+are set as they were saved), so a tampered file cannot run code. A tensor or array node declares the
+tensor's dtype, shape and whether it was finite; a tensor that is not what its node declares (int8 for
+float64, another shape, a NaN or an infinity in a finite one) is refused naming it. A node of any other
+kind is refused (`ModelStateError`). A logged model's files are also checked, before this reads them,
+against the digests its run recorded in the tracking store (`tamrun.tracking.pyfunc_loader`): a file
+changed by hand is refused whole.
 """
 
 from __future__ import annotations
@@ -101,10 +105,10 @@ class _Writer:
         if isinstance(value, enum.Enum):
             return {KIND: "enum", "class": _class_name(type(value)), "value": self.node(value.value)}
         if isinstance(value, torch.Tensor):
-            return {KIND: "tensor", "name": self._tensor(value)}
+            return {KIND: "tensor", **self._tensor(value)}
         if isinstance(value, np.ndarray):
             if value.dtype.kind in "biuf":
-                return {KIND: "array", "name": self._tensor(torch.from_numpy(np.ascontiguousarray(value)))}
+                return {KIND: "array", **self._tensor(torch.from_numpy(np.ascontiguousarray(value)))}
             return {KIND: "list_array", "items": [self.node(v) for v in value.tolist()], "dtype": value.dtype.str}
         if isinstance(value, list):
             return [self.node(v) for v in value]
@@ -118,10 +122,12 @@ class _Writer:
             return {KIND: "dict", "pairs": [[self.node(k), self.node(v)] for k, v in value.items()]}
         return self._object(value)
 
-    def _tensor(self, tensor: torch.Tensor) -> str:
+    def _tensor(self, tensor: torch.Tensor) -> Dict[str, Any]:
+        """The tensor kept under a new name; its node's fields: the name and what `_checked` expects of it."""
         name = f"t{len(self.tensors)}"
         self.tensors[name] = tensor.detach().cpu().contiguous().clone()
-        return name
+        return {"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
+                "finite": _finite(self.tensors[name])}
 
     def _object(self, value: Any) -> Any:
         if id(value) in self.seen:
@@ -175,8 +181,8 @@ class _Reader:
         readers = {"float": lambda: float(node["value"]), "dtype": lambda: _dtype(node["name"]),
                    "timestamp": lambda: pd.Timestamp(node["iso"]),
                    "enum": lambda: _allowed_class(node["class"])(self.value(node["value"])),
-                   "tensor": lambda: self._tensor(node["name"]),
-                   "array": lambda: self._tensor(node["name"]).numpy(),
+                   "tensor": lambda: self._tensor(node),
+                   "array": lambda: self._tensor(node).numpy(),
                    "list_array": lambda: np.array([self.value(v) for v in node["items"]], dtype=np.dtype(node["dtype"])
                                                   if np.dtype(node["dtype"]).kind != "O" else object),
                    "tuple": lambda: tuple(self.value(v) for v in node["items"]),
@@ -187,10 +193,11 @@ class _Reader:
             raise ModelStateError(f"unknown node kind {kind!r}")
         return readers[kind]()
 
-    def _tensor(self, name: str) -> torch.Tensor:
+    def _tensor(self, node: Dict[str, Any]) -> torch.Tensor:
+        name = node["name"]
         if name not in self.tensors:
             raise ModelStateError(f"no tensor {name!r} in {TENSORS}")
-        return self.tensors[name]
+        return _checked(name, self.tensors[name], node)
 
     def _object(self, node: Dict[str, Any]) -> Any:
         cls = _allowed_class(node["class"])
@@ -201,6 +208,27 @@ class _Reader:
             raise ModelStateError(f"a field of {node['class']} names a special attribute")
         made.__dict__.update({name: self.value(v) for name, v in fields.items()})
         return made
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` is finite (a tensor of integers or booleans always is)."""
+    return not (tensor.is_floating_point() or tensor.is_complex()) or bool(torch.isfinite(tensor).all())
+
+
+def _checked(name: str, tensor: torch.Tensor, node: Dict[str, Any]) -> torch.Tensor:
+    """``tensor`` when it is what its node declares: its dtype and shape (a state of an older tamrun declares
+    neither), and finite unless the node says it was saved with non-finite values; else a `ModelStateError`."""
+    problem = None
+    if "dtype" in node and str(tensor.dtype).removeprefix("torch.") != node["dtype"]:
+        problem = f"is {str(tensor.dtype).removeprefix('torch.')}, where {STATE} declares {node['dtype']}"
+    elif "shape" in node and list(tensor.shape) != list(node["shape"]):
+        problem = f"has the shape {list(tensor.shape)}, where {STATE} declares {list(node['shape'])}"
+    elif node.get("finite", True) and not _finite(tensor):
+        bad = int((~torch.isfinite(tensor)).sum())
+        problem = f"holds {bad} non-finite value(s) (NaN or infinite), where {STATE} declares it finite"
+    if problem:
+        raise ModelStateError(f"the tensor {name!r} of {TENSORS} {problem}: the model is refused (log it again)")
+    return tensor
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -1,17 +1,18 @@
 """The fitted model as an MLflow 3 LoggedModel named "model": ``mlflow.pyfunc.load_model("runs:/<run id>/model")``
 (or ``models:/<model_id>``, or a registered ``models:/<name>@champion``).
 
-The model is logged as code (`tamrun.tracking.pyfunc_code`, MLflow's models-from-code: no object is
-cloudpickled) plus one artifact folder, the `tamrun.fit.fitted.FittedModel` on the CPU as data
+The model holds data only, no Python source: the `tamrun.fit.fitted.FittedModel` on the CPU
 (`tamrun.tracking.model_state`: its tensors in safetensors, the rest in JSON; loading it unpickles
 nothing): the design with its per-group feature ranges and each effect's state, the (G, D)
 coefficients, the group order and the data recipe (derived columns, the time index's origin, the date,
-target and group columns).
+target and group columns). Its MLmodel names the installed tamrun's loader (`LOADER_MODULE`,
+`tamrun.tracking.pyfunc_loader`), which checks every file of the model against the sha256 digests the
+run recorded in the tracking store (`tamrun.tracking.model_files`) before it reads any of them.
 
-It runs where tamrun is not installed: tamrun's own code travels with it (MLflow's ``code_paths``, the
-package without its embedded data), and its requirements are tamrun's dependencies at this
-environment's versions, torch from PyTorch's CPU index (`requirements`): ``mlflow models serve`` and
-``mlflow models predict`` build that environment and serve it.
+Where tamrun is not installed, ``mlflow models serve`` and ``mlflow models predict`` build the model's
+environment from its requirements: tamrun's dependencies at this environment's versions, torch from
+PyTorch's CPU index (`requirements`), and tamrun itself as the one wheel logged with the model, pinned
+by its sha256 (`tamrun.tracking.model_files.wheel_requirement`).
 
 Its input is the user's raw table: the group column, the effects' columns that are read from the
 file, and what the derived columns are computed from (the date for a time index, an ``isin``'s
@@ -20,7 +21,7 @@ date as text, as in the file and in a CSV or JSON request (``2024-01-01 00:30:00
 datetime column. Its signature has no input schema: MLflow enforces one before the model sees the rows,
 and none of its column types passes both (a string type refuses a datetime64 column; a datetime type
 makes the scoring server read a CSV request with a dtype pandas refuses; ``AnyType`` has no pandas dtype
-for a CSV request either). The model checks its rows itself, as a run would (`tamrun.tracking.serve_inputs`:
+for a CSV request either). The model checks its rows itself, as a run would (`tamrun.fit.served_rows`:
 columns present, no missing or non-finite value, dates that are dates, features within the training
 support, forecasts a run accepts). Its output is a table, one row per
 input row in the input's order: the date and group columns as given, and `PREDICTION`
@@ -42,11 +43,13 @@ import mlflow.pyfunc
 import pandas as pd
 
 import tamrun
+from tamrun.errors import TamrunError
 from tamrun.process.filesystem import writing
 from tamrun.fit.fitted import FittedModel
+from tamrun.fit.served_rows import check_forecasts, check_inputs
 from tamrun.machine.placement import HOST
+from tamrun.tracking.model_files import MANIFEST_TAG, file_digests, manifest_text, tamrun_wheel, wheel_requirement
 from tamrun.tracking.model_state import load_state, save_state
-from tamrun.tracking.serve_inputs import check_forecasts, check_inputs, served_refusals
 from tamrun.tracking.store.store import local_folder
 
 log = logging.getLogger(__name__)
@@ -57,12 +60,24 @@ FITTED_ARTIFACT = "fitted"  # the FittedModel's state folder, among the model's 
 LOGGED_MODEL_NAME = "model"
 PREDICTION = "predicted"  # the output table's prediction column
 DATE_TEXT = "%Y-%m-%d %H:%M:%S"  # how the input example writes a date (any text pandas parses is read)
-# What of the tamrun package does not travel with a model: caches and the embedded data (5 MB).
-CODE_LEFT_OUT = ("__pycache__", "*.pyc", "national")
 # Where pip finds torch's CPU build (PyPI's Linux wheel is the CUDA one, several GB).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-CODE_FILE = Path(__file__).with_name("pyfunc_code.py")
+LOADER_MODULE = "tamrun.tracking.pyfunc_loader"  # the pyfunc flavor's loader: a module of the installed tamrun
 EXAMPLE_ROWS = 5
+
+
+@contextlib.contextmanager
+def served_refusals() -> Iterator[None]:
+    """A `TamrunError` raised inside (`tamrun.fit.served_rows`) becomes an `MlflowException` of
+    INVALID_PARAMETER_VALUE whose message is its one ``tamrun:`` line (MLflow's scoring server answers such an
+    exception with HTTP 400 and its message)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    try:
+        yield
+    except TamrunError as error:
+        raise MlflowException(error.report_line().strip(), error_code=INVALID_PARAMETER_VALUE) from error
 
 
 class TamPyfuncModel(mlflow.pyfunc.PythonModel):
@@ -75,7 +90,7 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
         self.model = load_state(Path(context.artifacts[FITTED_ARTIFACT]))
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
-        """`prediction_table` of ``model_input``, held to a run's standard (`tamrun.tracking.serve_inputs`: a
+        """`prediction_table` of ``model_input``, held to a run's standard (`tamrun.fit.served_rows`: a
         refusal, unseen groups or levels among them, is an MlflowException of one ``tamrun:`` line)."""
         with served_refusals():
             check_inputs(self.model, model_input)
@@ -105,13 +120,6 @@ def dates_as_text(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.assign(**{column: frame[column].dt.strftime(DATE_TEXT).astype(object)})
 
 
-def package_code(folder: Path) -> Path:
-    """A copy of the tamrun package under ``folder`` (without `CODE_LEFT_OUT`), for ``code_paths``."""
-    target = folder / "tamrun"
-    shutil.copytree(Path(tamrun.__file__).parent, target, ignore=shutil.ignore_patterns(*CODE_LEFT_OUT))
-    return target
-
-
 def declared_dependencies() -> List[str]:
     """tamrun's declared dependencies: its installed metadata, else (a source checkout on PYTHONPATH, not
     installed) the ``[project] dependencies`` of the pyproject.toml beside the package; [] without either."""
@@ -133,7 +141,7 @@ def declared_dependencies() -> List[str]:
 def requirements() -> List[str]:
     """tamrun's own dependencies (not its extras) pinned at this environment's versions, torch's build
     taken from `TORCH_CPU_INDEX` (a local version such as +cpu dropped: pip prefers that index's CPU
-    build of the same version). tamrun itself is not among them: its code travels with the model."""
+    build of the same version). tamrun itself is added as the wheel logged with the model."""
     from importlib.metadata import version
 
     from packaging.requirements import Requirement
@@ -189,9 +197,12 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
             path = Path(tmp) / "model"
             # outputs only: no input schema MLflow enforces passes both a CSV request and a datetime column (module doc)
             signature = ModelSignature(outputs=infer_signature(sample, prediction_table(model, sample)).outputs)
-            mlflow.pyfunc.save_model(str(path), python_model=str(CODE_FILE), artifacts={FITTED_ARTIFACT: str(state)},
-                                     signature=signature, input_example=sample, pip_requirements=requirements(),
-                                     code_paths=[str(package_code(Path(tmp) / "code"))], mlflow_model=info)
+            wheel = tamrun_wheel(declared_dependencies(), Path(tmp))
+            mlflow.pyfunc.save_model(str(path), loader_module=LOADER_MODULE, data_path=str(state), signature=signature,
+                                     input_example=sample, pip_requirements=[*requirements(), wheel_requirement(wheel)],
+                                     mlflow_model=info)
+            shutil.copy(wheel, path / wheel.name)
+            client.set_logged_model_tags(logged.model_id, {MANIFEST_TAG: manifest_text(file_digests(path))})
             with writing(local_folder(logged.artifact_location)):
                 client.log_model_artifacts(logged.model_id, str(path))
     except BaseException:

@@ -7,16 +7,15 @@ the date is a date (text as in a CSV or a JSON request, read as the run read its
 pandas datetimes; an offset or time zone converted to UTC and dropped, as a run does); every group and level
 was seen in training; every feature is a finite number within its group's training range widened by
 `tamrun.fit.support.SUPPORT_MARGIN` of its span. After, every forecast must lie where a run accepts one
-(`check_forecasts`). A refusal is one line, ``tamrun: data
-error: <column>=<value>: ... (rows ...) ... Fix: ...``, raised as an `MlflowException` of
-INVALID_PARAMETER_VALUE (`served_refusals`): ``mlflow.pyfunc.load_model(...).predict`` raises it, and
+(`check_forecasts`). A refusal is a `TamrunError` of one line, ``tamrun: data error: <column>=<value>: ...
+(rows ...) ... Fix: ...``; the logged model raises it as an `MlflowException` of INVALID_PARAMETER_VALUE
+(`tamrun.tracking.pyfunc_model.served_refusals`): ``mlflow.pyfunc.load_model(...).predict`` raises it, and
 ``mlflow models serve`` answers HTTP 400 with it. Rows are named by their position in the request (from 0).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, List
+from typing import List
 
 import numpy as np
 import pandas as pd
@@ -25,7 +24,7 @@ import torch
 from tamrun.data.checks import plain
 from tamrun.data.dates import read_dates
 from tamrun.effects.categorical import CategoricalEffect
-from tamrun.errors import DataError, NumericalError, TamrunError
+from tamrun.errors import DataError, NumericalError
 from tamrun.fit.fitted import FittedModel, numbers_read
 from tamrun.fit.evaluate import SUPPORT_FACTOR
 from tamrun.fit.support import SUPPORT_MARGIN, numeric_columns
@@ -33,20 +32,6 @@ from tamrun.fit.support import SUPPORT_MARGIN, numeric_columns
 ROWS_SHOWN = 8  # the rows a refusal names (their count is said)
 DATE_FIX = ("give every date in one format (ISO 8601 text such as 2024-01-01 00:30:00, as in a CSV or a JSON "
             "request, or the training file's), or as datetimes")
-
-
-@contextlib.contextmanager
-def served_refusals() -> Iterator[None]:
-    """A `TamrunError` raised inside becomes an `MlflowException` of INVALID_PARAMETER_VALUE whose message is
-    its one ``tamrun:`` line (MLflow's scoring server answers such an exception with HTTP 400 and its
-    message)."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
-    try:
-        yield
-    except TamrunError as error:
-        raise MlflowException(error.report_line().strip(), error_code=INVALID_PARAMETER_VALUE) from error
 
 
 def rows_named(mask: np.ndarray) -> str:
