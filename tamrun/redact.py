@@ -44,11 +44,11 @@ _SECRET_WORD = (r"(?:passw(?:or)?d|pwd|secret|token|credentials?|api[_-]?key|api
                 r"private[_-]?key|account[_-]?key|signature|connection[_-]?string|sas)")
 _SECRET_NAME = re.compile(rf"(?i)(?:^|[_.-]){_SECRET_WORD}(?:$|[_.-])|^(?:key|sig|pass)$|{_SECRET_WORD}$")
 # scheme://user:password@ : the password runs to the last '@' before whitespace or a quote. One '/' is
-# enough: a path's normalisation (pathlib) writes s3://u:pw@b as s3:/u:pw@b; a ':' may be escaped as Hydra
-# writes an override's value (http\://u\:pw@h).
-_URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\?:/+[^:/@\s'\"\\]*)(?P<sep>\\?:)(?P<secret>[^\s'\"]*)@")
+# enough: a path's normalisation (pathlib) writes s3://u:pw@b as s3:/u:pw@b; a ':' may be escaped, as Hydra
+# writes an override's value (http\://u\:pw@h) and JSON that value again (http\\://u\\:pw@h).
+_URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\*:/+[^:/@\s'\"\\]*)(?P<sep>\\*:)(?P<secret>[^\s'\"]*)@")
 # scheme://user@ : a user alone, masked when it is a token (`looks_like_credential`).
-_URI_USER = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\?:/+)(?P<user>[^:/@\s'\"\\]+)@")
+_URI_USER = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\*:/+)(?P<user>[^:/@\s'\"\\]+)@")
 # Prefixes of the tokens services issue (GitHub, GitLab, Slack, OpenAI/Stripe, AWS key ids, Google, npm,
 # PyPI, Hugging Face): such a word is a credential whatever its length.
 _TOKEN_PREFIX = re.compile(r"(?:gh[pousr]_|github_pat_|glpat-|xox[abposr]-|sk-|sk_live_|rk_live_|AKIA|ASIA|AIza|"

@@ -90,6 +90,7 @@ def runs_of(cwd: Path):
     ("https://glpat-xXzY12abCD34efGH56ij@gitlab.com/x", "glpat-xXzY12abCD34efGH56ij"),  # a token as the user
     ("https://0123456789abcdef0123456789abcdef@host/x", "0123456789abcdef0123456789abcdef"),
     ("data.path=http\\://bob\\:hunter22@host/x.csv", "hunter22"),  # as Hydra escapes an override's value
+    ('"data.path=s3\\\\://u\\\\:hunter22@b/x.csv"', "hunter22"),  # the same in JSON (a sweep's jobs/<n>.json)
 ])
 def test_a_uri_password_or_token_is_masked_whatever_its_scheme_and_form(text, secret):
     clean = redacted(text)
@@ -112,23 +113,37 @@ def test_what_looks_like_a_credential(word, credential):
     assert looks_like_credential(word) == credential
 
 
-@pytest.mark.parametrize("path", [
-    f"s3://AKIAIOSFODNN7EXAMPLE:{PASSWORD}@bucket/x.csv",
-    f"http://bob:{PASSWORD}@host/x.csv",
-    f"ftp://bob:{PASSWORD}@ftp.example/data/x.csv",
-    f"https://bob:{PASSWORD}@host",  # no file name: the run's name would have been the userinfo
-], ids=["s3", "http", "ftp", "no-file-name"])
-def test_a_remote_data_path_is_refused_and_its_password_written_nowhere(tmp_path, path):
-    """The brief's command with a password in data.path's URI: one data error naming data.path, its scheme
-    and the fix, the password masked; the FAILED run, its artifacts and Hydra's files hold no password."""
+@pytest.mark.parametrize("path, secret", [
+    (f"s3://AKIAIOSFODNN7EXAMPLE:{PASSWORD}@bucket/x.csv", PASSWORD),
+    (f"http://bob:{PASSWORD}@host/x.csv", PASSWORD),
+    (f"ftp://bob:{PASSWORD}@ftp.example/data/x.csv", PASSWORD),
+    (f"https://bob:{PASSWORD}@host", PASSWORD),  # no file name: the run's name would have been the userinfo
+    ("https://ghp_16C7e42F292c6912E7710c838347Ae178B4a@github.com/o/r/x.csv", "ghp_16C7e42F292c6912E7710c838347Ae178B4a"),
+    ("gs://u:p%40ss%2Fw0rd9@bucket/x.csv", "p%40ss%2Fw0rd9"),  # percent-encoded
+], ids=["s3", "http", "ftp", "no-file-name", "token-as-user", "percent-encoded"])
+def test_a_remote_data_path_is_refused_and_its_password_written_nowhere(tmp_path, path, secret):
+    """The brief's command with a password (or a token) in data.path's URI: one data error naming data.path,
+    its scheme and the fix, the secret masked; the FAILED run, its artifacts and Hydra's files hold none."""
     cwd = tmp_path / "cwd"
     done = tamrun([*MODEL, f"data.path={path}"], cwd, {})
     assert done.returncode == 2, done.stderr[-3000:]
-    scheme, masked = path.split(":", 1)[0], path.replace(PASSWORD, MASK)
+    scheme, masked = path.split(":", 1)[0], path.replace(secret, MASK)
     assert done.stderr.strip().splitlines()[-1].startswith(
         f"tamrun: data error: data.path='{masked}': a remote {scheme}:// URI: tamrun reads local files and folders "
         "only. Fix: copy the data to a local disk, or mount its bucket"), done.stderr[-2000:]
     assert [run.info.status for run in runs_of(cwd)] == ["FAILED"]
+    assert_nowhere([secret], done, cwd)
+
+
+def test_a_sweep_over_remote_data_paths_writes_no_password(tmp_path):
+    """A multirun over two URIs: each job FAILED with the data error; the jobs' run names (cut to a few
+    characters, which would cut the '@' that marks a password), the sweep's files and summary hold none."""
+    cwd = tmp_path / "cwd"
+    paths = f"s3://AKIAIOSFODNN7EXAMPLE:{PASSWORD}@bucket/x.csv,http://bob:{PASSWORD}@host"
+    done = tamrun(["-m", *MODEL, f"data.path={paths}"], cwd, {})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.count("a remote ") == 2 and "2 of 2 sweep job(s) did not finish" in done.stderr
+    assert [run.info.status for run in runs_of(cwd)] == ["FAILED"] * 3  # the parent too: no job finished
     assert_nowhere([PASSWORD], done, cwd)
 
 
