@@ -266,3 +266,15 @@ def test_an_experiment_named_by_mlflow_experiment_name_with_a_secret_is_refused(
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"tamrun: config error: MLFLOW_EXPERIMENT_NAME='{MASK}': it holds a secret" in done.stderr
     assert_nowhere([ENV_SECRET], done, cwd)
+
+
+def test_a_value_that_looks_like_a_password_is_not_quoted(tmp_path):
+    """A column of a credential file named as the dates: the value that does not parse is not quoted when
+    it looks like a password; a plain wrong date still is."""
+    path = tmp_path / "data.csv"
+    path.write_text("host:port:db:user:pw\ndb.internal:5432:prod:admin:Xk9mQ2vLpZ\n")
+    error = refused(path, "is not a date", delimiter=":", date_column="pw")
+    assert "Xk9mQ2vLpZ" not in str(error) and "the value (not quoted: it looks like a password or a token) " \
+        "at line 2" in str(error)
+    path.write_text("date,x,g,y\n2020-13-45,1,a,2\n")
+    assert "the value '2020-13-45' at line 2" in str(refused(path, "is not a date"))
