@@ -1,5 +1,5 @@
-"""For .ci/gpu: in a process that sees no GPU (CUDA_VISIBLE_DEVICES=), load the newest LoggedModel named
-argv[2]* of the store argv[1] (fitted on the GPU) and predict the last 500 raw rows of the embedded table."""
+"""For .ci/gpu: in a process that sees no GPU (CUDA_VISIBLE_DEVICES=), load the newest LoggedModel of a run
+named argv[2]* of the store argv[1] (fitted on the GPU) and predict the last 500 raw rows of the embedded table."""
 import os
 import sys
 import time
@@ -20,16 +20,11 @@ client = MlflowClient()
 experiments = [e.experiment_id for e in client.search_experiments()]
 models = client.search_logged_models(experiment_ids=experiments, max_results=50,
                                      order_by=[{"field_name": "creation_timestamp", "ascending": False}])
-model = next(m for m in models if m.name.startswith(sys.argv[2]))
+model = next(m for m in models if client.get_run(m.source_run_id).info.run_name.startswith(sys.argv[2]))
 began = time.time()
 loaded = mlflow.pyfunc.load_model(f"models:/{model.model_id}")
-schema = loaded.metadata.get_input_schema()
-rows = pd.read_csv(embedded_path()).tail(500)
-rows = rows[[c for c in schema.input_names() if c in rows.columns]].copy()
-for spec in schema.inputs:
-    if "datetime" in str(spec.type):
-        rows[spec.name] = pd.to_datetime(rows[spec.name])
-predicted = np.asarray(loaded.predict(rows), dtype=float)
+rows = pd.read_csv(embedded_path(), parse_dates=["date"]).tail(500)  # the model reads its columns, dates as datetimes
+predicted = loaded.predict(rows)["predicted"].to_numpy(dtype=float)
 print(f"model {model.name} of run {model.source_run_id}: {predicted.shape[0]} rows predicted without a GPU, "
       f"finite {bool(np.isfinite(predicted).all())}, first {predicted[:3].round(1).tolist()}, {time.time() - began:.1f} s")
 sys.exit(0 if np.isfinite(predicted).all() and predicted.shape[0] == 500 else 1)

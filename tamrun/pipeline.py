@@ -37,6 +37,7 @@ from tamrun.effects.registry import build_effects
 from tamrun.errors import ConfigError, DataError, NumericalError
 from tamrun.fit.evaluate import predictions_table
 from tamrun.fit.fitted import FittedModel, predict_rows
+from tamrun.fit.support import training_support
 from tamrun.memory.footprint import ProblemSize, problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
@@ -86,7 +87,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
                         loaded.origin if loaded.origin is not None else frame[data.date_column].min() if len(frame)
-                        else None)
+                        else None, data.date_format, data.dayfirst)
     room("splitting the data", "split", frame_bytes(frame))
     train, test = split_by_date(frame, config.split, data.date_column)
     check_constant_columns(train, effect_columns(specs), data.constant_features)
@@ -291,8 +292,8 @@ def solve(config: Config, features: Features, plan: Plan, devices: DeviceManager
     coef, stats = dispatcher.fit(train)
     check_coefficients(coef, train.groups, config)
     # standalone predictions (the MLflow model, plots) in the group chunk the fit kept: it fitted in memory
-    model = FittedModel(design, coef, train.groups, recipe, train.x.dtype, stats.group_chunk,
-                        plan.predict.rows).to(HOST)
+    model = FittedModel(design, coef, train.groups, recipe, train.x.dtype, stats.group_chunk, plan.predict.rows,
+                        support=training_support(design, train, recipe.group)).to(HOST)
     return Fit(model, plan, stats, train, devices.device, loop, selection)
 
 

@@ -288,3 +288,75 @@ def locked_server(folder: Path, backend: Optional[str] = None, workers: int = 1)
         yield server
     finally:
         server.stop()
+
+
+def dated_certificate(folder: Path, days: Tuple[int, int], names: Sequence[str] = ("localhost", "127.0.0.1")) -> Path:
+    """A self-signed certificate for ``names`` valid from ``days[0]`` to ``days[1]`` days from now (both
+    negative: expired; both positive: not yet valid), and its key ``<name>.key``, in ``folder``; made with
+    `cryptography` (mlflow's dependency), since openssl's ``-days`` takes no date in the past. Returns its path."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    alternatives = []
+    for name in names:
+        try:
+            alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alternatives.append(x509.DNSName(name))
+    certificate = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(now + datetime.timedelta(days=days[0]))
+                   .not_valid_after(now + datetime.timedelta(days=days[1]))
+                   .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                   .sign(key, hashes.SHA256()))
+    path = folder / f"dated{days[0]}_{days[1]}.crt"
+    path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    path.with_suffix(".key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                           serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+    return path
+
+
+@contextlib.contextmanager
+def tls_listener(certificate: Path) -> Iterator[int]:
+    """A TLS endpoint on 127.0.0.1 presenting ``certificate`` (its key beside it, ``.key``): each connection
+    gets its handshake (which the client may refuse) and is closed; yields the port. What a client's
+    certificate check sees of a server, without starting one."""
+    import threading
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificate, certificate.with_suffix(".key"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", free_port()))
+    listener.listen(8)
+    listener.settimeout(0.5)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                connection.settimeout(10)
+                context.wrap_socket(connection, server_side=True).close()
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        listener.close()

@@ -91,3 +91,77 @@ def test_the_best_without_sort_is_chosen_on_the_validation_metric_and_refusals_e
         assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and field in done.stderr, done.stderr
     assert "e.g. rmse_test" in compare("--store", store, "--sort", "rmse_tst", cwd=tmp_path).stderr
     assert not MlflowClient(store).search_registered_models()  # nothing registered by the refusals
+
+
+def test_a_count_beyond_mlflow_s_search_limit_is_refused_naming_n(tmp_path, capsys):
+    """Issue 58: ``-n 1000000000000`` was MLflow's traceback (max_results at most 50000), exit 1."""
+    store, _ = ranked_store(tmp_path)
+    done = compare("--store", store, "-n", "1000000000000", cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("tamrun: config error: --last=1000000000000: a count outside 1 .. 50000 (MLflow "
+                                  "returns at most 50000 runs in one search). Fix: give -n a count from 1 to 50000")
+    for count in ("50001", "-3"):
+        code, _, err = compare_here(capsys, "--store", store, "-n", count)
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"tamrun: config error: --last={count}: a count"), err
+    assert compare_here(capsys, "--store", store, "-n", "50000")[0] == 0
+
+
+def model_store(tmp_path):
+    """`ranked_store` with a LoggedModel of the best run, 'b' (no files: registering needs none)."""
+    store, ids = ranked_store(tmp_path)
+    client = MlflowClient(store)
+    client.create_logged_model(client.get_run(ids["b"]).info.experiment_id, source_run_id=ids["b"], name="model")
+    return store, ids
+
+
+def compare_here(capsys, *args: str):
+    """``python -m tamrun.compare`` in this process: (exit code, stdout, its ``tamrun:`` lines on stderr;
+    MLflow's own log lines apart)."""
+    from tamrun.compare.__main__ import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    out = capsys.readouterr()
+    return code, out.out, [line for line in out.err.splitlines() if line.startswith("tamrun:")]
+
+
+# (the options, the start of the one line), each refused before anything is registered
+REFUSED_NAMES = [
+    (["--register", ""], "--register='': an empty name. Fix: "),
+    (["--register", "a/b"], "--register='a/b': the name holds '/': "),
+    (["--register", "a@b"], "--register='a@b': the name holds '@': "),
+    (["--register", 'a"b'], "--register='a\"b': the name holds '\"': "),
+    (["--register", " ab"], "--register=' ab': the name starts with '.', '-' or a space"),
+    (["--register", "x" * 300], "--register='xxx"),
+    (["--register", "ok", "--alias", "v1"], "--alias='v1': MLflow's registry refuses it as an alias"),
+    (["--register", "ok", "--alias", "a b"], "--alias='a b': MLflow's registry refuses it as an alias"),
+]
+
+
+def test_a_name_the_registry_cannot_take_is_refused_before_anything_is_registered(tmp_path, capsys):
+    """Issue 58: ``--register "a'b"`` was a traceback, exit 1, with the model a'b registered anyway; an
+    alias MLflow refused left a version registered without it. Odd names MLflow takes and that are safe
+    in a models:/ URI (any script, inner spaces, dots) are registered."""
+    store, ids = model_store(tmp_path)
+    done = compare("--store", store, "--best", "--register", "a'b", cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("tamrun: config error: --register=\"a'b\": the name holds \"'\": a registered "
+                                  "model's name here is letters, digits") and "Fix: use a name such as 'a-b'" in done.stderr
+    for options, start in REFUSED_NAMES:
+        code, out, err = compare_here(capsys, "--store", store, "--best", *options)
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"tamrun: config error: {start}"), err
+    client = MlflowClient(store)
+    assert not client.search_registered_models()  # nothing registered by any refusal
+    for name in ("modèle ventes", "模型", "load-fc.v2_b"):
+        code, out, err = compare_here(capsys, "--store", store, "--best", "--register", name)
+        assert code == 0 and f"registered: {name} version 1, alias {name}@champion" in out, err
+        assert client.get_model_version_by_alias(name, "champion").run_id == ids["b"]
+
+
+def test_a_sweep_id_with_a_quote_is_refused_naming_sweep(tmp_path, capsys):
+    store, _ = ranked_store(tmp_path)
+    code, _, err = compare_here(capsys, "--store", store, "--sweep", "a'b")
+    assert code == 2 and len(err) == 1 and err[0].startswith("tamrun: config error: --sweep=\"a'b\": not a sweep id"), err

@@ -9,7 +9,11 @@ allowed nothing.
 - a sweep by the EDIT user on the 2-node Ray cluster (tests/local_cluster.py): every job FINISHED, the
   credentials reached the workers, and the password is in no output, param, tag, file of the sweep
   folder nor Ray log;
-- ``python -m tamrun.compare`` by the READ user shows that sweep; the READ user reads its summary.
+- ``python -m tamrun.compare`` by the READ user shows that sweep; the READ user reads its summary;
+- ``--register`` (issue 58): by the READ user refused before the server is asked, onto another user's
+  registered model refused naming the model, the user and the EDIT it needs; nothing registered by either;
+- a host name the server's ``--allowed-hosts`` does not list, a certificate for other names, an expired or
+  not yet valid certificate (a TLS endpoint of tests/servers.py presenting it): each named by its cause.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from mlflow.tracking import MlflowClient
 
 from conftest import csv_overrides
 from local_cluster import nodes_alive, ray_cluster
-from servers import (ADMIN, ADMIN_PASSWORD, TEAM_EXPERIMENT, USERS, client_env, credentials, locked_server,
-                     self_signed_certificate)
+from servers import (ADMIN, ADMIN_PASSWORD, TEAM_EXPERIMENT, USERS, client_env, credentials, dated_certificate,
+                     locked_server, self_signed_certificate, tls_listener)
 from test_team_cluster import FAST, HTTP, environment, ray_sweep, sweep_runs, tamrun
 
 pytestmark = pytest.mark.slow
@@ -150,3 +154,133 @@ def test_the_read_user_compares_the_sweep_and_reads_its_summary(server, writer_s
     assert f"the jobs of sweep {parent.data.tags['sweep_id']}" in done.stdout
     assert all(run.info.run_id in Path(summary).read_text() for run in jobs)
     no_password_in(done.stdout + done.stderr)
+
+
+REGISTRY = "registry"  # an experiment of the registry's cases: the team experiment's runs log no model
+SECOND, SECOND_PASSWORD = "second", "second-secret-pw-5"  # a second user who may EDIT it
+
+
+@pytest.fixture(scope="module")
+def registry_run(server) -> str:
+    """As the admin: the experiment `REGISTRY` (the writer and `SECOND` may EDIT it, the reader READ it);
+    as the writer: a FINISHED run there with a LoggedModel (no files: registering needs none). Its id."""
+    from mlflow.server import get_app_client
+
+    with client_env(credentials(ADMIN, ADMIN_PASSWORD, server.certificate)):
+        auth = get_app_client("basic-auth", tracking_uri=server.uri)
+        auth.create_user(SECOND, SECOND_PASSWORD)
+        experiment = MlflowClient(tracking_uri=server.uri).create_experiment(REGISTRY)
+        for user, permission in ((WRITER, "EDIT"), (SECOND, "EDIT"), (READER, "READ")):
+            auth.grant_user_permission(user, "experiment", experiment, permission)
+    with client_env(credentials(WRITER, USERS[WRITER], server.certificate)):
+        client = MlflowClient(tracking_uri=server.uri)
+        run = client.create_run(experiment, run_name="best").info.run_id
+        client.log_metric(run, "rmse_validation", 1.0)
+        client.create_logged_model(experiment, source_run_id=run, name="model")
+        client.set_terminated(run)
+    return run
+
+
+def register_as(server, user: str, password: str, name: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tamrun.compare", "--experiment", REGISTRY, "--best", "--register",
+                           name], cwd=cwd, env=caller_env(server, user, password), capture_output=True, text=True,
+                          timeout=300)
+
+
+def registered(server) -> Dict[str, int]:
+    """Every registered model of the server and its count of versions, as the admin sees them."""
+    with client_env(credentials(ADMIN, ADMIN_PASSWORD, server.certificate)):
+        client = MlflowClient(tracking_uri=server.uri)
+        return {model.name: len(client.search_model_versions(f"name = '{model.name}'"))
+                for model in client.search_registered_models()}
+
+
+def one_refusal(done: subprocess.CompletedProcess) -> str:
+    """The one ``tamrun:`` line of a command that exited 2 without a traceback or a password shown."""
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-4000:]
+    lines = [row for row in output.splitlines() if row.startswith("tamrun:")]
+    assert len(lines) == 1 and "Traceback" not in output, output[-4000:]
+    no_password_in(output)
+    assert SECOND_PASSWORD not in output
+    return lines[0]
+
+
+def test_registering_needs_edit_and_a_refusal_names_the_user_the_model_and_the_permission(server, registry_run,
+                                                                                         tmp_path):
+    """Issue 58: the READ user's --register succeeded; onto another user's model it was a 403 and a 47-line
+    traceback. docs/scale.md, "What READ users may do in the model registry"."""
+    from mlflow.server import get_app_client
+
+    port = server.port
+    assert register_as(server, WRITER, USERS[WRITER], "team-model", tmp_path).returncode == 0
+    assert one_refusal(register_as(server, READER, USERS[READER], "readers-model", tmp_path)) == (
+        f"tamrun: config error: MLFLOW_TRACKING_USERNAME='reader': on the tracking server 127.0.0.1:{port} user "
+        f"'reader' has READ on experiment '{REGISTRY}'; registering its run 'best' as a version of 'readers-model' "
+        f"needs EDIT there (nothing was registered). Fix: ask the server's admin for EDIT on experiment "
+        f"'{REGISTRY}', or have a user who may EDIT it register the model")
+    assert one_refusal(register_as(server, SECOND, SECOND_PASSWORD, "team-model", tmp_path)) == (
+        f"tamrun: config error: MLFLOW_TRACKING_USERNAME='second': on the tracking server 127.0.0.1:{port} user "
+        "'second' has NO_PERMISSIONS on registered model 'team-model'; adding a version to it (another user made it) "
+        "needs EDIT there (nothing was registered). Fix: ask the server's admin (or a user with MANAGE on registered "
+        "model 'team-model') for EDIT on registered model 'team-model', or register under a name of your own "
+        "(--register <another name>)")
+    own = register_as(server, SECOND, SECOND_PASSWORD, "seconds-model", tmp_path)
+    assert own.returncode == 0 and "registered: seconds-model version 1" in own.stdout, own.stderr[-3000:]
+    assert registered(server) == {"team-model": 1, "seconds-model": 1}
+    with client_env(credentials(ADMIN, ADMIN_PASSWORD, server.certificate)):  # READ on the model: he loads it
+        get_app_client("basic-auth", tracking_uri=server.uri).grant_user_permission(READER, "registered_model",
+                                                                                   "team-model", "READ")
+    with client_env(credentials(READER, USERS[READER], server.certificate)):
+        assert MlflowClient(tracking_uri=server.uri).get_model_version_by_alias("team-model", "champion").run_id == \
+            registry_run
+
+
+# (case, the URI's host, the client's trust: the server's certificate or none (MLFLOW_TRACKING_INSECURE_TLS),
+# the start of the one line)
+WRONG_NAMES = [
+    ("host-not-allowed", "127.1", None,
+     "tamrun: config error: tracking.uri='https://127.1:{port}': the tracking server 127.1:{port} refused the Host "
+     "header '127.1:{port}' (HTTP 403 'Invalid Host header': the server answers only the host names its "
+     "--allowed-hosts lists, its guard against DNS rebinding). Fix: the server's admin adds 127.1:{port} to the "
+     "server's --allowed-hosts, or reach it by a name listed there"),
+    ("certificate-for-other-names", "127.1", "server",
+     "tamrun: config error: tracking.uri='https://127.1:{port}': the tracking server 127.1:{port} presents a "
+     "certificate for localhost, 127.0.0.1, not for '127.1', the name the URI gives (TLS: Hostname mismatch, "
+     "certificate is not valid for '127.1'.). Fix: reach the server by a name its certificate holds "
+     "(https://localhost:{port}), or have the server's admin issue a certificate that names 127.1"),
+]
+
+
+@pytest.mark.parametrize("case, host, trust, line", WRONG_NAMES, ids=[c[0] for c in WRONG_NAMES])
+def test_a_name_the_server_does_not_answer_to_is_named_as_such(server, tmp_path, csv_path, case, host, trust, line):
+    """Issue 58: a host missing from --allowed-hosts was "writer needs EDIT"; a certificate for other names
+    was "not signed by this file's certificates". 127.1 is 127.0.0.1 (inet_aton) by a name neither the
+    server's --allowed-hosts nor its certificate lists."""
+    certificate = server.certificate if trust == "server" else None
+    env = environment(MLFLOW_TRACKING_URI=f"https://{host}:{server.port}", **HTTP,
+                      **credentials(WRITER, USERS[WRITER], certificate),
+                      **({} if certificate else {"MLFLOW_TRACKING_INSECURE_TLS": "true"}))
+    before = len(team_runs(server))
+    done = tamrun([*csv_overrides(csv_path), *FAST, "tracking=server", f"tracking.experiment={TEAM_EXPERIMENT}"],
+                  tmp_path / "job", env)
+    assert one_refusal(done).startswith(line.format(port=server.port))
+    assert "needs EDIT" not in done.stderr and len(team_runs(server)) == before
+
+
+@pytest.mark.parametrize("days, said", [((-3, -1), "that expired on"), ((1, 3), "valid only from")],
+                         ids=["expired", "not-yet-valid"])
+def test_a_certificate_out_of_its_dates_is_named_with_its_date(tmp_path, days, said):
+    """Issue 58: an expired certificate was "not signed by this file's certificates" (the file holds it)."""
+    from cryptography import x509
+
+    certificate = dated_certificate(tmp_path, days)
+    read = x509.load_pem_x509_certificate(certificate.read_bytes())
+    date = (read.not_valid_after_utc if days[1] < 0 else read.not_valid_before_utc).strftime("%Y-%m-%d %H:%M UTC")
+    with tls_listener(certificate) as port:
+        done = subprocess.run([sys.executable, "-m", "tamrun.compare", "--store", f"https://127.0.0.1:{port}"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env=environment(**HTTP, **credentials(None, None, certificate)))
+    assert one_refusal(done).startswith(f"tamrun: config error: tracking.uri='https://127.0.0.1:{port}': the tracking "
+                                        f"server 127.0.0.1:{port} presents a certificate {said} {date} (TLS: "
+                                        f"certificate {'has expired' if days[1] < 0 else 'is not yet valid'})")

@@ -11,7 +11,7 @@ from tamrun.tracking.metric_keys import logged_value, metric_key, metric_name
 @pytest.mark.parametrize("name, key", [
     ("rmse_test", "rmse_test"), ("mape_validation", "mape_validation"), ("fit_seconds", "fit_seconds"),
     ("peak_memory_mib", "peak_memory_mib"), ("rmse_test_best_expert", "rmse_test_best_expert"),
-    ("sweep_jobs", "sweep_jobs"), ("best_rmse_validation", "best_rmse_validation"),
+    ("sweep_jobs", "sweep_jobs"), ("groups_unsupported", "groups_unsupported"), ("best_rmse_validation", "best_rmse_validation"),
     ("coverage_80_test", "interval/coverage_80_test"), ("pinball_test_naive", "interval/pinball_test_naive"),
     ("solve_seconds", "time/solve_seconds"), ("seconds_per_refit", "time/seconds_per_refit"),
     ("peak_memory_bytes", "memory/peak_memory_bytes"), ("working_peak_ratio", "memory/working_peak_ratio"),

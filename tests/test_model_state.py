@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -44,20 +45,26 @@ print(json.dumps([float(v) for v in model.predict(rows)["predicted"]]))
 """
 
 
+def logged_model(folder: Path, csv: Path, effects: List[str]) -> Path:
+    """The artifact folder of the model a run (``python -m tamrun``, in ``folder``) logs of ``csv`` with
+    ``effects``: trained until 2020-02-15, tested from the day after."""
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    done = tamrun(["data=csv", f"data.path={csv}", "data.target=y", "data.group=g", "model=custom", *effects,
+                   "split.train_end=2020-02-15", "split.test_start=2020-02-16", "split.test_end=null",
+                   f"tracking.uri={store}", "progress=off", "tracking.log_plots=false"], folder / "cwd", {})
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    (model,) = client.search_logged_models([client.get_experiment_by_name("tamrun").experiment_id])
+    return Path(model.artifact_location.removeprefix("file://"))
+
+
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
     """A run on a 60-day CSV: (its folder, the logged model's artifact folder, its state folder, the CSV)."""
     folder = tmp_path_factory.mktemp("model_state")
     csv = folder / "d.csv"
     synthetic_frame(days=60).to_csv(csv, index=False)
-    store = f"sqlite:///{folder / 'mlflow.db'}"
-    done = tamrun(["data=csv", f"data.path={csv}", "data.target=y", "data.group=g", "model=custom", *EFFECTS,
-                   "split.train_end=2020-02-15", "split.test_start=2020-02-16", "split.test_end=null",
-                   f"tracking.uri={store}", "progress=off", "tracking.log_plots=false"], folder / "cwd", {})
-    assert done.returncode == 0, done.stderr[-3000:]
-    client = MlflowClient(tracking_uri=store)
-    (model,) = client.search_logged_models([client.get_experiment_by_name("tamrun").experiment_id])
-    artifacts = Path(model.artifact_location.removeprefix("file://"))
+    artifacts = logged_model(folder, csv, EFFECTS)
     return folder, artifacts, artifacts / "artifacts" / "fitted", csv
 
 

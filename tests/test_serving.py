@@ -68,6 +68,38 @@ def invoke(url: str, body: bytes, content_type: str) -> pd.DataFrame:
         raise AssertionError(f"{refused}: {refused.read().decode()[:3000]}") from None
 
 
+def refused(url: str, rows: pd.DataFrame, content_type: str) -> str:
+    """POST ``rows`` (as CSV or as JSON's dataframe_split) to /invocations, expecting HTTP 400; the ``tamrun:``
+    line of its message (MLflow prefixes the rows it was given)."""
+    body = (rows.to_csv(index=False) if content_type == "text/csv" else
+            json.dumps({"dataframe_split": json.loads(rows.to_json(orient="split", index=False))}))
+    request = urllib.request.Request(f"{url}/invocations", data=body.encode(), headers={"Content-Type": content_type})
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=300)
+    assert answer.value.code == 400
+    error = json.loads(answer.value.read())
+    assert error["error_code"] == "INVALID_PARAMETER_VALUE", error
+    (line,) = [line for line in error["message"].splitlines() if "tamrun: " in line]
+    return line[line.index("tamrun: "):]
+
+
+def check_refused(url: str, national: dict) -> None:
+    """Rows a run would not forecast from, as CSV and as JSON: HTTP 400 with the one line naming the column
+    and the rows (issue 58: before, NaN and null were answered 200 with NaN forecasts, 1e12 with a forecast)."""
+    rows = national["rows"].head(6)
+    column = "temperature_smooth_950"
+    missing = rows.assign(**{column: pd.Series([1.0, None, 2.0, 3.0, None, 4.0], dtype=object)})
+    far = rows.assign(**{column: [1e12, *rows[column][1:]]})
+    for content_type in ("text/csv", "application/json"):  # a CSV's empty cell; JSON's null
+        assert refused(url, missing, content_type).startswith(
+            f"tamrun: data error: {column}=nan: 2 of the 6 rows to predict (rows 1, 4; counted from 0) have no value")
+        message = refused(url, far, content_type)
+        assert message.startswith(f"tamrun: data error: {column}=1000000000000.0: 1 of the 6 rows to predict (row 0; "
+                                  f"counted from 0) lie far outside the training range of {column}"), message
+        text = refused(url, rows.assign(**{column: "warm"}).head(3), content_type)
+        assert text.startswith(f"tamrun: data error: {column}='warm': 3 value(s)"), text
+
+
 def check_served(url: str, national: dict) -> None:
     """CSV and JSON (dataframe_split, dates as text) give the run's predictions, with their date and group."""
     rows = national["rows"]
@@ -86,14 +118,18 @@ def test_the_run_s_model_serves_csv_and_json_rows_with_dates_as_text(national, t
     env = {"MLFLOW_TRACKING_URI": national["store"], "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     with model_server(sys.executable, f"runs:/{national['run_id']}/model", tmp_path / "serve.log", env) as url:
         check_served(url, national)
-        bad = national["rows"].assign(temperature_smooth_950="warm").head(3)
-        with pytest.raises(AssertionError, match="HTTP Error 400") as refused:  # a bad request, not a crash
-            invoke(url, bad.to_csv(index=False).encode(), "text/csv")
-        assert "could not convert string to float: 'warm'" in str(refused.value)
-        split = json.loads(bad.to_json(orient="split", index=False))
-        with pytest.raises(AssertionError, match="HTTP Error 400") as refused:
-            invoke(url, json.dumps({"dataframe_split": split}).encode(), "application/json")
-        assert "temperature_smooth_950" in str(refused.value)  # the column named
+        check_refused(url, national)
+
+
+def test_the_loaded_model_reads_dates_parsed_as_datetimes_or_as_text(national):
+    """``mlflow.pyfunc.load_model(...).predict(df)`` with the date as pandas parses it (datetime64) or as the
+    file has it (text): the run's predictions both ways (issue 58: the datetime column failed MLflow's schema)."""
+    model = mlflow.pyfunc.load_model(national["model"])
+    rows = national["rows"]
+    for given in (rows.assign(date=pd.to_datetime(rows["date"])), rows):
+        served = model.predict(given)
+        assert served["date"].tolist() == given["date"].tolist()
+        np.testing.assert_allclose(served[["predicted", *BANDS]].to_numpy(), national["expected"], rtol=1e-8, atol=0)
 
 
 @pytest.mark.index

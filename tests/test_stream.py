@@ -20,7 +20,7 @@ from tamrun.data.chunks import GroupChunk
 from tamrun.data.load import read_table
 from tamrun.data.parquet import DateWindow
 from tamrun.data.scan import scan_table
-from tamrun.errors import ConfigError
+from tamrun.errors import ConfigError, NumericalError
 from tamrun.runner import run
 from test_limits import cgroup_writable, tamrun_under
 
@@ -126,3 +126,37 @@ def test_a_run_in_a_cgroup_below_its_whole_peak_streams_and_finishes_with_the_un
     assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
     for name in ("rmse_train", "rmse_test", "mape_test"):
         assert_close(runs[1].data.metrics[name], runs[0].data.metrics[name])
+
+
+def test_a_group_withheld_by_a_streamed_run_is_counted_and_left_out_as_by_the_whole_run(
+        compose_cfg, store_uri, tables, tmp_path):
+    """One site's test x (the first chunk's: nothing of that chunk is written) far outside the training range
+    (the spline continues linearly there: forecasts in the thousands), 1 of 12 sites
+    (evaluate.max_unsupported_share=0.1 lets it through): the streamed run (one site a chunk) withholds it as
+    the whole run does: the same groups_unsupported, the same table of it, the same metrics over the other
+    sites, the same rows counted. Under the default share (0.01) the streamed run fails as the whole run does:
+    the share is counted over every chunk, not per chunk (where it is 1 of 1)."""
+    frame = pd.read_parquet(tables["parquet"])
+    test_start = pd.Timestamp(split_args(HOURS)[1].split("=", 1)[1])
+    frame.loc[(frame["site"] == 0) & (frame["date"] >= test_start), "x"] = 1e4
+    path = tmp_path / "far.parquet"
+    frame.to_parquet(path, index=False)
+    whole = run(compose_cfg(*overrides(path), "evaluate.max_unsupported_share=0.1"))
+    streamed = run(compose_cfg(*overrides(path), *STREAMED, "evaluate.max_unsupported_share=0.1"))
+    assert streamed.metrics["stream_chunks"] > 2
+    for name in ("groups_unsupported", "n_train_rows", "n_test_rows"):
+        assert streamed.metrics[name] == whole.metrics[name], name
+    assert whole.metrics["groups_unsupported"] == 1 and whole.metrics["n_test_rows"] == (frame["date"] >= test_start).sum()
+    names = [name for name in whole.metrics if re.match(r"(rmse|mape|coverage|width|pinball)_", name)]
+    for name in names:
+        assert_close(streamed.metrics[name], whole.metrics[name])
+    why = [pd.read_csv(mlflow.artifacts.download_artifacts(run_id=result.run_id, tracking_uri=store_uri,
+                                                           artifact_path="predictions/groups_unsupported.csv"))
+           for result in (whole, streamed)]
+    key = ["group", "split", "reason", "training_rows", "coefficients"]  # the spreads: each chunk's own support
+    assert why[0][key].values.tolist() == why[1][key].values.tolist() and why[0]["group"].tolist() == [0]
+    left, right = logged_predictions(whole.run_id, store_uri), logged_predictions(streamed.run_id, store_uri)
+    assert 0 not in set(left["group"]) and len(left) == len(right) == (GROUPS - 1) * HOURS
+    with pytest.raises(NumericalError, match=r"data.group=\[0\]: the test forecasts of 1 group\(s\) .*; 1 of 12 group\(s\) "
+                                             r"\(8.33%\) are more than evaluate.max_unsupported_share=0.01 "):
+        run(compose_cfg(*overrides(path), *STREAMED))

@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Any, List, Optional
 
-from tamrun.compare.best import DEFAULT_ALIAS
+from tamrun.compare.register import DEFAULT_ALIAS
 from tamrun.errors import ConfigError, TamrunError
 
 DEFAULT_COUNT = 20
@@ -98,6 +98,22 @@ def experiment_of(client, store: str, name: str):
         raise refused from None
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse, before the store is opened, a count outside 1 .. MLflow's most runs in one search, and a
+    name or alias the registry cannot take (`tamrun.compare.register.check_names`)."""
+    from mlflow.store.tracking import SEARCH_MAX_RESULTS_THRESHOLD
+
+    from tamrun.compare.register import check_names
+
+    if not 1 <= args.last <= SEARCH_MAX_RESULTS_THRESHOLD:
+        raise ConfigError("--last", args.last, f"a count outside 1 .. {SEARCH_MAX_RESULTS_THRESHOLD} (MLflow returns "
+                          f"at most {SEARCH_MAX_RESULTS_THRESHOLD} runs in one search)",
+                          f"give -n a count from 1 to {SEARCH_MAX_RESULTS_THRESHOLD}, or narrow the runs with --sweep or "
+                          "--filter")
+    if args.register is not None:
+        check_names(args.register, args.alias)
+
+
 def report(args: argparse.Namespace) -> str:
     """The table and the links, for the options ``args``."""
     from tamrun.compare.select import check_filter, last_runs, sweep_runs
@@ -105,8 +121,7 @@ def report(args: argparse.Namespace) -> str:
     from tamrun.redact import redacted
     from tamrun.tracking.ui_view import run_url, runs_table_url
 
-    if args.last < 1:
-        raise ConfigError("--last", args.last, "no run to show", "give -n a count of 1 or more")
+    check_options(args)
     client = open_store(args.store)
     experiment = experiment_of(client, args.store, args.experiment)
     if experiment is None:
@@ -121,7 +136,7 @@ def report(args: argparse.Namespace) -> str:
     what = f"the jobs of sweep {chosen.sweep_id}" if args.sweep else f"the last {len(chosen.runs)} run(s)"
     shown = (f"{what} of experiment {args.experiment!r} in {redacted(args.store)}"
              + (f" matching {args.filter!r}" if args.filter else ""))
-    if args.sort or args.best or args.register:
+    if args.sort or args.best or args.register is not None:
         return ranked_report(client, args, chosen.runs, shown)
     lines = [shown + ":", "", render(chosen.runs), ""]
     where = "" if args.store.startswith("http") else f" (mlflow ui --backend-store-uri {redacted(args.store)})"
@@ -135,7 +150,8 @@ def report(args: argparse.Namespace) -> str:
 def ranked_report(client: Any, args: argparse.Namespace, runs: List[Any], shown: str) -> str:
     """The runs ranked on ``--sort`` with the best marked and named (its model, its page); with ``--best``
     or ``--register``, the best run alone (and its registration)."""
-    from tamrun.compare.best import best_run, check_sort, logged_model_uri, ranked, ranking_metric, register
+    from tamrun.compare.best import best_run, check_sort, logged_model_uri, ranked, ranking_metric
+    from tamrun.compare.register import register
     from tamrun.compare.table import render
     from tamrun.numbers import significant
     from tamrun.redact import redacted

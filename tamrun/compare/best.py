@@ -3,23 +3,19 @@
 The runs are ranked on one metric (``--sort``; by default the objective a sweep chooses on:
 ``rmse_validation`` when a shown run logged it, else ``rmse_test``), least first (``--descending``: most
 first). The best is the first FINISHED run with a finite value: a failed run's metric never wins.
-``--register NAME`` makes its LoggedModel a new version of the registered model NAME and points the alias
-(default `DEFAULT_ALIAS`) at it: ``models:/NAME@champion`` then loads it, whatever run it came from.
+``--register NAME`` makes its LoggedModel a new version of the registered model NAME
+(`tamrun.compare.register`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from tamrun.errors import ConfigError
 from tamrun.tracking.metric_keys import logged_value
 
-DEFAULT_ALIAS = "champion"
-TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 # The metric a selection is ranked on when --sort is not given: the first one a shown run logged.
 DEFAULT_METRICS = ("rmse_validation", "rmse_test")
 
@@ -91,53 +87,3 @@ def logged_model_uri(client: Any, run: Any) -> Optional[str]:
                                          order_by=[{"field_name": "creation_time", "ascending": False}],
                                          max_results=1)
     return f"models:/{models[0].model_id}" if models else None
-
-
-@contextlib.contextmanager
-def tracking_uri_set(uri: str) -> Iterator[None]:
-    """MLFLOW_TRACKING_URI set to ``uri`` for the block: a database registry looks a ``models:/<id>``
-    source up with a default client, which would otherwise open (and create) the default store in the
-    working directory."""
-    before = os.environ.get(TRACKING_URI_ENV)
-    os.environ[TRACKING_URI_ENV] = uri
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(TRACKING_URI_ENV, None)
-        else:
-            os.environ[TRACKING_URI_ENV] = before
-
-
-def register(client: Any, best: Best, model_uri: str, name: str, store: str, alias: str = DEFAULT_ALIAS) -> Any:
-    """A new version of the registered model ``name`` (created if absent) in ``store`` from ``model_uri``,
-    the best run's LoggedModel, with ``alias`` moved to it; returns the ModelVersion. A model registered
-    under ``name`` already keeps its version (registering twice adds none). A name or alias MLflow
-    refuses is a `ConfigError` naming ``--register`` or ``--alias``."""
-    from mlflow.exceptions import MlflowException
-
-    from tamrun.tracking.store.server_access import access_error
-
-    try:
-        client.create_registered_model(name, description="Registered by python -m tamrun.compare --register")
-    except MlflowException as exc:
-        refused = access_error(store, exc, needs="EDIT")  # a locked server's READ user, say
-        if refused is not None:
-            raise refused from None
-        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
-            raise ConfigError("--register", name, f"MLflow refuses the name ({exc.message})",
-                              "use a name of letters, digits, '-', '_' and '.'") from None
-    model_id = model_uri.removeprefix("models:/")
-    versions = client.search_model_versions(f"name = '{name}'")
-    version = next((v for v in versions if v.source == model_uri), None)
-    with tracking_uri_set(store):
-        version = version or client.create_model_version(name, source=model_uri, run_id=best.run.info.run_id,
-                                              model_id=model_id,
-                                              tags={"tamrun.metric": best.metric, "tamrun.value": repr(best.value)})
-    try:
-        client.set_registered_model_alias(name, alias, version.version)
-    except MlflowException as exc:
-        raise ConfigError("--alias", alias, f"MLflow refuses the alias ({exc.message}); version {version.version} "
-                          "was registered without it", "use an alias of letters, digits, '-' and '_' that is not "
-                          "a version ('v1', 'latest')") from None
-    return version

@@ -13,6 +13,7 @@ from tamrun.tracking.sweep_record.sweep_summary import PARENT_TAG, SWEEP_ID_TAG,
 from tamrun.tracking.ui_view import DECISIVE_METRICS
 
 LAST = "last"  # --sweep last: the newest sweep of the experiment
+SWEEP_FIX = "use a sweep id as its parent run's tag sweep_id shows it, or --sweep last"
 
 
 @dataclass
@@ -82,12 +83,13 @@ def sweep_runs(client: Any, experiment_id: str, sweep: str, filter_string: str =
         if not parents:
             raise ConfigError("--sweep", sweep, "the experiment has no sweep", "run one with python -m tamrun -m ...")
         sweep = parents[0].data.tags[SWEEP_ID_TAG]
+    if "'" in sweep:  # a sweep's id is 12 hex digits: a quote would end the filter's string
+        raise ConfigError("--sweep", sweep, "not a sweep id (a quote cannot be in one)", SWEEP_FIX)
     clause = f"tags.{SWEEP_ID_TAG} = '{sweep}'"
     runs = client.search_runs([experiment_id], filter_string=" and ".join(filter(None, [clause, filter_string])),
                               max_results=10_000)
     if not runs:
-        raise ConfigError("--sweep", sweep, "no run of the experiment belongs to that sweep",
-                          "use a sweep id as its parent run's tag sweep_id shows it, or --sweep last")
+        raise ConfigError("--sweep", sweep, "no run of the experiment belongs to that sweep", SWEEP_FIX)
     parent_ids = {run.data.tags.get(PARENT_TAG) for run in runs}
     parent = next((run for run in runs if run.info.run_id in parent_ids or run.data.tags.get("sweep_role") == "parent"),
                   None)

@@ -118,6 +118,7 @@ SETTINGS: Dict[str, Range] = {
     "intervals.min_group_rows": Range(1, INT64_MAX, what="the number of calibration rows"),
     "intervals.window_days": Range(1, 100_000, what="a window in days"),
     "intervals.gamma": Range(0, 1, low_open=True, what="the adaptation step"),
+    "evaluate.max_unsupported_share": Range(0, 1, high_open=True, what="the share of the groups"),
     "adaptive.step": Range(1, 100_000, what="the step in days"),
     "adaptive.horizon": Range(1, 100_000, what="the horizon in days"),
     "adaptive.refresh": COUNT,

@@ -442,8 +442,8 @@ class TrackingConfig:
     run_name: Optional[str] = None
     log_predictions: bool = True
     log_plots: bool = True
-    # The fitted model as an MLflow LoggedModel named "model" (runs:/<run id>/model), with its signature,
-    # input example and tamrun's own code (tamrun/tracking/pyfunc_model.py).
+    # The fitted model as an MLflow LoggedModel named "model" (runs:/<run id>/model), with its signature
+    # (outputs), input example, training support and tamrun's own code (tamrun/tracking/pyfunc_model.py).
     log_model: bool = True
     # sqlite stores: each connection waits this long for a lock held by another process.
     busy_timeout_s: float = 60.0
@@ -606,6 +606,19 @@ class IntervalConfig:
 
 
 @dataclass
+class EvaluateConfig:
+    """The last check of a run's forecasts (tamrun/fit/unsupported.py, docs/reliability.md): a group whose
+    validation or test forecast lies farther than SUPPORT_FACTOR spreads from the training target's median is
+    withheld from the forecast and the metrics, named, and counted in the metric groups_unsupported."""
+
+    # The largest share of a run's groups that may be withheld so; more fails the run (exit 2). 0.01: the
+    # metrics still describe 99 groups in 100, and 1 group in 2,000 or 2 in 20,000 finish; beyond that, the
+    # model (its penalties, its coefficients per training row) is what is wrong. 0: any such group fails the
+    # run. Below 1: a run of one group (or whose every group is unsupported) always fails.
+    max_unsupported_share: float = 0.01
+
+
+@dataclass
 class ShardConfig:
     """Where a run's groups are fitted (docs/scale.md, "Groups across a Ray cluster"): ``local``, in this
     process (in chunks of groups when the table does not fit: `tamrun.jobs.stream`); ``ray``, each chunk
@@ -645,6 +658,7 @@ class Config:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     intervals: IntervalConfig = field(default_factory=IntervalConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     tco: TcoConfig = field(default_factory=TcoConfig)
     shard: ShardConfig = field(default_factory=ShardConfig)
     dtype: DType = DType.float64

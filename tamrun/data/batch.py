@@ -7,7 +7,7 @@ with weight 0, so a padded row contributes nothing to Phi'W Phi or Phi'W y.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -93,6 +93,19 @@ def check_range(column: str, values: np.ndarray, dtype: torch.dtype) -> None:
                         f"({largest:.3g})", "use dtype=float64, or rescale the column")
 
 
+def feature_ranges(batch: GroupedBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(lowest, highest) value (G, F) of each group's real rows, per feature, one feature at a time (two
+    (G, N) temporaries at the peak)."""
+    padded = batch.weight <= 0
+    hi = batch.x.new_empty(batch.x.shape[0], batch.x.shape[-1])
+    lo = torch.empty_like(hi)
+    for feature in range(batch.x.shape[-1]):
+        column = batch.x[..., feature]
+        hi[:, feature] = column.masked_fill(padded, -torch.inf).amax(dim=1)
+        lo[:, feature] = column.masked_fill(padded, torch.inf).amin(dim=1)
+    return lo, hi
+
+
 @dataclass
 class RangeScaler:
     """Per-group affine map of each feature to [-1, 1] over its training range:
@@ -104,14 +117,8 @@ class RangeScaler:
 
     @classmethod
     def fit(cls, batch: GroupedBatch) -> "RangeScaler":
-        """The ranges of the real rows, one feature at a time (two (G, N) temporaries at the peak)."""
-        padded = batch.weight <= 0
-        hi = batch.x.new_empty(batch.x.shape[0], batch.x.shape[-1])
-        lo = torch.empty_like(hi)
-        for feature in range(batch.x.shape[-1]):
-            column = batch.x[..., feature]
-            hi[:, feature] = column.masked_fill(padded, -torch.inf).amax(dim=1)
-            lo[:, feature] = column.masked_fill(padded, torch.inf).amin(dim=1)
+        """The ranges of the real rows (`feature_ranges`)."""
+        lo, hi = feature_ranges(batch)
         half = (hi - lo) / 2
         return cls(center=(hi + lo) / 2, half=torch.where(half > 0, half, torch.ones_like(half)))
 

@@ -38,13 +38,18 @@ class DateFormat:
 
     @classmethod
     def of(cls, cfg: DataConfig, first: str) -> "DateFormat":
-        """``data.date_format``, else the format of ``first``, the file's first date."""
-        if cfg.date_format:
-            return cls(cfg.date_format, "data.date_format")
-        chosen = f"read from the first date {quoted_value(first)} with data.dayfirst={str(cfg.dayfirst).lower()}"
+        """``data.date_format``, else the format of ``first``, the file's first date (`chosen`)."""
+        return cls.chosen(cfg.date_format, cfg.dayfirst, first)
+
+    @classmethod
+    def chosen(cls, date_format: Optional[str], dayfirst: bool, first: str) -> "DateFormat":
+        """``date_format`` (data.date_format), else the format of ``first``, day first under ``dayfirst``."""
+        if date_format:
+            return cls(date_format, "data.date_format")
+        chosen = f"read from the first date {quoted_value(first)} with data.dayfirst={str(dayfirst).lower()}"
         if year_first(first):  # ISO 8601, never day first
             return cls(ISO, chosen)
-        return cls(guess_format(first, cfg.dayfirst), chosen, cfg.dayfirst)
+        return cls(guess_format(first, dayfirst), chosen, dayfirst)
 
     def describe(self) -> str:
         """E.g. ``'%m/%d/%Y', read from the first date '01/02/2020' with data.dayfirst=false``."""
@@ -98,13 +103,32 @@ def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy,
                             f"{int(blank.idxmax()) + 2} of the file)",
                             "fill the dates, or set data.nan_policy=drop to drop those rows")
         frame, text = frame[~blank.to_numpy()], text[~blank.to_numpy()]
+    dates = timestamps(text, form)
+    if dates.isna().any():
+        raise unparsed(column, text, dates.isna(), form)
+    return frame.assign(**{column: dates}), dropped
+
+
+def timestamps(text: pd.Series, form: DateFormat) -> pd.Series:
+    """``text`` read in ``form``: timestamps without an offset (one given is converted to UTC and dropped),
+    NaT where a value does not fit."""
     with warnings.catch_warnings():  # pandas warns when it reads each value apart (no format)
         warnings.simplefilter("ignore")
         dates = pd.to_datetime(text.astype(object), utc=True, format=form.format, dayfirst=form.dayfirst,
                                errors="coerce")
-    if dates.isna().any():
-        raise unparsed(column, text, dates.isna(), form)
-    return frame.assign(**{column: dates.dt.tz_localize(None)}), dropped
+    return dates.dt.tz_localize(None)
+
+
+def read_dates(values: pd.Series, date_format: Optional[str], dayfirst: bool) -> pd.Series:
+    """``values`` (text, Python or pandas datetimes) as a run reads its file's dates: one format for all of
+    them (`DateFormat.chosen` from the first), an offset or time zone converted to UTC and dropped; NaT
+    where a value is blank or does not fit (the rows a served model is asked about: `tamrun.tracking`)."""
+    if pd.api.types.is_datetime64_any_dtype(values):
+        return values.dt.tz_convert("UTC").dt.tz_localize(None) if values.dt.tz is not None else values
+    text = values.astype("string").str.strip()
+    first = first_date(text.to_frame("date"), "date")
+    form = DateFormat.chosen(date_format, dayfirst, first) if first is not None else DateFormat(date_format, "")
+    return timestamps(text, form)
 
 
 def year_first(value: str) -> bool:

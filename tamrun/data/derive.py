@@ -10,6 +10,7 @@ import pandas as pd
 
 from tamrun.config.schema import DerivedColumn
 from tamrun.config.expr import evaluate, names, parse_expression
+from tamrun.data.dates import read_dates
 from tamrun.data.file_kind import use_one_of
 from tamrun.errors import DataError
 
@@ -67,6 +68,8 @@ class DataRecipe:
     target: str
     group: Optional[str]
     origin: Optional[pd.Timestamp]
+    date_format: Optional[str] = None  # how the file's dates were read (data.date_format, data.dayfirst):
+    dayfirst: bool = False  # a table to predict from is read the same way (`read_dates`)
 
     def sources(self, column: str, available: Iterable[str]) -> List[str]:
         """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
@@ -86,6 +89,7 @@ class DataRecipe:
         missing = {name: spec for name, spec in self.derived.items() if name not in frame.columns}
         if not missing:
             return frame
-        if self.date_column in frame.columns and not pd.api.types.is_datetime64_any_dtype(frame[self.date_column]):
-            frame = frame.assign(**{self.date_column: pd.to_datetime(frame[self.date_column])})
+        if self.date_column in frame.columns:
+            frame = frame.assign(**{self.date_column: read_dates(frame[self.date_column], self.date_format,
+                                                                 self.dayfirst)})
         return add_derived_columns(frame, missing, self.date_column, self.origin)

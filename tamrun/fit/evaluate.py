@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -111,7 +111,8 @@ def require_plausible(predictions: Dict[str, np.ndarray], metrics: Dict[str, flo
 
 # A forecast farther from the training target's median than this many times its spread (`support`) is not
 # supported by the training data: no fit of that target extrapolates so far (the issue-44 case, 2 training rows
-# per group for 14 coefficients, forecast 1,000 for a target between 19 and 21).
+# per group for 14 coefficients, forecast 1,000 for a target between 19 and 21). A run withholds such groups
+# from its forecast and metrics, up to evaluate.max_unsupported_share of them (`tamrun.fit.unsupported`).
 SUPPORT_FACTOR = 10.0
 SPREAD_FLOOR = 0.1  # of the target's scale: the spread of a target that barely varies
 
@@ -125,39 +126,6 @@ def support(train_target: np.ndarray) -> Tuple[float, float]:
         return 0.0, 1.0
     low, high = np.quantile(values, TRAINING_BAND)
     return float(np.median(values)), max(float(high - low), SPREAD_FLOOR * target_scale(values))
-
-
-def unsupported_groups(batch: GroupedBatch, predicted: torch.Tensor, center: float, spread: float) -> List[int]:
-    """Indices of the groups of ``batch`` with a forecast (G, N) farther than `SUPPORT_FACTOR` x ``spread``
-    from ``center`` (padding aside)."""
-    far = ((predicted.cpu().double() - center).abs() > SUPPORT_FACTOR * spread) & (batch.weight.cpu() > 0)
-    return torch.nonzero(far.any(dim=1)).flatten().tolist()
-
-
-def require_supported(splits: Dict[str, Tuple[GroupedBatch, torch.Tensor]], train: GroupedBatch, width: int,
-                      fix: str) -> None:
-    """`NumericalError` naming the groups whose forecasts of a split lie far outside what the training data
-    supports (`unsupported_groups`), and why: fewer training rows than the model's ``width`` coefficients
-    (the penalties alone decide the rest, and are too weak), else penalties too weak for those groups. The
-    groups of every split are the training batch's, in its order."""
-    real = train.weight.cpu() > 0
-    center, spread = support(train.y.cpu().numpy()[real.numpy()])
-    counts = train.counts.cpu()
-    for split, (batch, predicted) in splits.items():
-        found = unsupported_groups(batch, predicted, center, spread)
-        if not found:
-            continue
-        worst = float((predicted.cpu().double() - center).abs()[batch.weight.cpu() > 0].max())
-        short = [i for i in found if counts[i] < width]
-        cause = (f"{len(short)} of them have fewer training rows (as few as {int(counts[short].min())}) than the "
-                 f"model's {width} coefficients: the penalties alone decide the rest, and are too weak for that"
-                 if short else "the penalties are too weak for these groups' data, or their features lie far "
-                 "outside the training range")
-        groups = [batch.groups[i] for i in found]
-        raise NumericalError("data.group", groups[:8], f"the {split} forecasts of {len(groups)} group(s) (the first "
-                             f"8 shown) reach {worst:.4g} from the training target's median {center:.4g}, "
-                             f"{worst / spread:.0f} times its spread ({spread:.4g}): not supported by the training "
-                             f"data ({cause})", fix)
 
 
 def scored(batch: GroupedBatch, predicted: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from tamrun.effects.categorical import CategoricalEffect
 from tamrun.effects.design import AdditiveDesign
 from tamrun.errors import DataError
 from tamrun.fit.intervals import GroupBands
+from tamrun.fit.support import TrainingSupport
 from tamrun.memory.footprint import StepCost
 from tamrun.memory.guard import ChunkLoop
 from tamrun.machine.sampling import repeating
@@ -119,6 +120,9 @@ class FittedModel:
     group_chunk: int
     row_chunk: int
     intervals: Optional[GroupBands] = None  # its prediction intervals (tamrun/fit/intervals.py), when calibrated
+    # what its training data supports (tamrun/fit/support.py): a served forecast is held to it; None in a
+    # model logged before it was kept
+    support: Optional[TrainingSupport] = None
 
     @property
     def input_columns(self) -> List[str]:

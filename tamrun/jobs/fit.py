@@ -10,13 +10,13 @@ import functools
 import logging
 from typing import Dict, List, NamedTuple, Optional
 
+import numpy as np
 import pandas as pd
 import torch
 
 from tamrun.config.schema import Config, DataConfig
 from tamrun.data.batch import GroupedBatch
-from tamrun.fit.evaluate import (predictions_table, require_finite, require_plausible, require_supported, scored,
-                             split_scores)
+from tamrun.fit.evaluate import predictions_table, require_finite, require_plausible, scored, split_scores
 from tamrun.fit.intervals import GroupBands, interval_metrics, level_label
 from tamrun.jobs.bands import batch_bands, row_groups
 from tamrun.jobs.prepare import Prepared
@@ -26,6 +26,7 @@ from tamrun.device.profiler import PhaseRecorder
 from tamrun.numbers import significant
 from tamrun.pipeline import Fit, numerical_fix, recording_reserve, solve, support_fix
 from tamrun.fit.progress import ChunkProgress, IterationProgress
+from tamrun.fit.unsupported import find_unsupported, log_unsupported, n_unsupported, require_share, withhold
 from tamrun.tco.run import record_tco, run_plan, tco_metrics
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -50,7 +51,8 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     with recorder.phase("predict", metered):
         splits = predict_splits(prepared, fit)
     with recorder.phase("evaluate"):
-        metrics = checked_metrics(config, fit, splits)
+        evaluated = checked_metrics(config, fit, splits, whole=True)
+        metrics, splits = evaluated.metrics, evaluated.splits
         fit.model.intervals = calibration_bands(config, splits)
         metrics.update(band_metrics(config, splits, fit.model.intervals))
     metrics.update(run_metrics(prepared, fit))
@@ -61,7 +63,7 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     log.info("%s", memory_line(metrics))
     table = functools.cache(lambda: evaluation_table(config.data, splits, fit.model.intervals))
     with recorder.phase("record"):
-        record_fit(tracked, prepared, fit, table, metrics)
+        record_fit(tracked, prepared, fit, table, metrics, evaluated.unsupported)
         record_tco(tracked, tco)
     after = {"peak_after_planning_bytes": recorder.peak_after_planning(), **recorder.phase_metrics("record")}
     tracked.log_metrics(after)
@@ -70,19 +72,43 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
                      coef=fit.model.coef, metrics=metrics, table=table, plan=fit.plan, stats=fit.stats, tco=tco)
 
 
-def checked_metrics(config: Config, fit: Fit, splits: List[ScoredSplit]) -> Dict[str, float]:
-    """RMSE / MAPE of every split from its predictions, checked: finite (`require_finite`), plausible against
-    the training target's scale (`require_plausible`) and supported by the training rows (`require_supported`)."""
+class Evaluated(NamedTuple):
+    """A run's (or a streamed chunk's) checked metrics, its splits with the unsupported groups withheld (their
+    rows marked as padding: `tamrun.fit.unsupported.withhold`) and the table of those groups."""
+
+    metrics: Dict[str, float]
+    splits: List[ScoredSplit]
+    unsupported: pd.DataFrame
+    withheld: List[int]  # the withheld groups' indices in the batches' group order
+
+
+def checked_metrics(config: Config, fit: Fit, splits: List[ScoredSplit], whole: bool) -> Evaluated:
+    """RMSE / MAPE of every split from its predictions, the groups whose forecasts the training data does not
+    support withheld (`tamrun.fit.unsupported`), checked: the training rows' predictions plausible before
+    anything is withheld (an absurd one is a fit on absurd targets), at most evaluate.max_unsupported_share of
+    the groups withheld (``whole``: a run's every group; a streamed chunk's share is checked over every chunk,
+    and its splits without a row left are not scored), the rest finite (`require_finite`) and plausible against
+    the training target's scale (`require_plausible`)."""
+    train_target, train_predicted = scored(splits[0].batch, splits[0].predicted)
+    found = find_unsupported({split.name: (split.batch, split.predicted) for split in splits if split.name != "train"},
+                             fit.train, fit.model.coef.shape[1])
+    finite = train_predicted[np.isfinite(train_predicted)]  # a non-finite one: `require_finite` below names it
+    require_plausible({"train": finite}, {}, train_target, numerical_fix(config))
+    if whole:
+        share = config.evaluate.max_unsupported_share
+        require_share(found.table, len(fit.model.groups), share, support_fix(config))
+        log_unsupported(found.table, len(fit.model.groups), share)
+    kept = [split._replace(batch=withhold(split.batch, found.indices)) for split in splits]
+    scores = {split.name: scored(split.batch, split.predicted) for split in kept}
     metrics: Dict[str, float] = {}
-    scores = {split.name: scored(split.batch, split.predicted) for split in splits}
     for name, (actual, predicted) in scores.items():
-        metrics.update(split_scores(name, actual, predicted))
+        if whole or actual.size:
+            metrics.update(split_scores(name, actual, predicted))
     require_finite(metrics, "a forecast metric", numerical_fix(config))
-    require_plausible({name: predicted for name, (_, predicted) in scores.items()}, metrics, scores["train"][0],
+    require_plausible({name: predicted for name, (_, predicted) in scores.items()}, metrics, train_target,
                       numerical_fix(config))
-    require_supported({split.name: (split.batch, split.predicted) for split in splits if split.name != "train"},
-                      fit.train, fit.model.coef.shape[1], support_fix(config))
-    return metrics
+    metrics["groups_unsupported"] = float(n_unsupported(found.table))
+    return Evaluated(metrics, kept, found.table, found.indices)
 
 
 def solve_phase(prepared: Prepared) -> Fit:
@@ -139,12 +165,15 @@ def calibration_bands(config: Config, splits: List[ScoredSplit]) -> Optional[Gro
 
 
 def band_metrics(config: Config, splits: List[ScoredSplit], bands: Optional[GroupBands]) -> Dict[str, float]:
-    """coverage / width per level and the pinball loss of ``bands`` on every split (`interval_metrics`)."""
+    """coverage / width per level and the pinball loss of ``bands`` on every split with rows scored
+    (`interval_metrics`; a streamed chunk's split may have none: its every group withheld)."""
     if bands is None:
         return {}
     metrics: Dict[str, float] = {}
     for split in splits:
         actual, predicted = scored(split.batch, split.predicted)
+        if not actual.size:
+            continue
         metrics.update(interval_metrics(actual, bands.columns(predicted, row_groups(split.batch)), bands.levels,
                                         split.name))
     return metrics

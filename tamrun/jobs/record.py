@@ -11,6 +11,7 @@ import pandas as pd
 from tamrun.data.load import table_path
 from tamrun.effects.design import describe
 from tamrun.fit.evaluate import group_metrics
+from tamrun.fit.unsupported import ARTIFACT
 from tamrun.jobs.prepare import Prepared
 from tamrun.device.memory_report import memory_report, report_text
 from tamrun.pipeline import Fit
@@ -47,9 +48,11 @@ def record_inputs(tracked: TrackedRun, prepared: Prepared) -> None:
 
 
 def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callable[[], pd.DataFrame],
-               metrics: Dict[str, float]) -> None:
+               metrics: Dict[str, float], unsupported: pd.DataFrame) -> None:
     """Log everything a fitted run produced (a no-op for every call when tracking is off). ``table``
-    builds the predictions table, called only when the CSV or the plots are logged."""
+    builds the predictions table, called only when the CSV or the plots are logged; ``unsupported``: the
+    groups withheld from it (`tamrun.fit.unsupported`), logged when there are some, and left out of the
+    LoggedModel's input example."""
     config, plan, stats = prepared.config, fit.plan, fit.stats
     tracked.log_params({"route": plan.route, "D": fit.model.design.width, "n_groups": len(fit.model.groups),
                         "memory_bound_by": plan.bound_by})
@@ -65,10 +68,15 @@ def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callabl
     if config.tracking.log_predictions and tracked.enabled:
         tracked.log_frame(table(), "predictions/predictions.parquet")
         tracked.log_frame(group_metrics(table()), "predictions/group_metrics.csv")
+    if len(unsupported):
+        tracked.log_frame(unsupported, ARTIFACT)
     tracked.log_frame(coefficients_frame(fit), "fit/coefficients.csv")
     if config.tracking.log_plots and tracked.enabled:
         log_run_plots(tracked, config, fit, table(), metrics, report, prepared.limit)
     if config.tracking.log_model and tracked.enabled:
         from tamrun.tracking.pyfunc_model import LOGGED_MODEL_NAME, log_pyfunc_model  # imported only when used
 
-        log_pyfunc_model(tracked, LOGGED_MODEL_NAME, fit.model, prepared.splits.test)
+        test = prepared.splits.test
+        if len(unsupported):  # the example's forecasts are the supported groups'
+            test = test[~test[config.data.group].isin(unsupported["group"])]
+        log_pyfunc_model(tracked, LOGGED_MODEL_NAME, fit.model, test)

@@ -7,9 +7,10 @@
         groups (`MemoryOracle.stream_chunk`)
     stream_job(stream, config, specs, devices, tracked) -> RunResult
         for each chunk: prepare (only its groups read) -> solve -> predict -> the checked metrics
-        (`checked_metrics`); its predictions appended to one Parquet file (a writer opened once), its
-        per-group metrics and coefficients kept; at the end each split's RMSE and MAPE from the sums
-        over its chunks (`ScoreSums`), and the record.
+        (`checked_metrics`, its unsupported groups withheld); its predictions appended to one Parquet file (a
+        writer opened once), its per-group metrics, coefficients and withheld groups kept; at the end the
+        share of withheld groups checked over every chunk (`require_whole`), each split's RMSE and MAPE from
+        the sums over its chunks (`ScoreSums`), and the record.
 
 Groups are independent systems, so a chunk's fit is the whole run's fit of those groups. What needs
 every group at once is refused when the table must stream (`require_streamable`): GCV's pooled score
@@ -17,6 +18,8 @@ every group at once is refused when the table must stream (`require_streamable`)
 run. Intervals are calibrated per group, so per chunk, unless a group has fewer calibration rows than
 intervals.min_group_rows (its bands pool every group's residuals): refused then (`require_own_bands`).
 Their coverage, width and pinball loss are means over a split's rows: summed over chunks weighted by rows.
+A chunk's forecasts are measured against its own training target (`tamrun.fit.unsupported`; the whole table
+is never in memory): with groups of very different levels, the groups withheld can differ from the whole run's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -42,9 +45,11 @@ from tamrun.data.parquet import DateWindow, is_parquet, parquet_dataset
 from tamrun.data.scan import scan_table
 from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError
-from tamrun.fit.evaluate import ScoreSums, group_metrics, scored
-from tamrun.jobs.fit import (ScoredSplit, band_metrics, calibration_bands, calibration_split, checked_metrics,
-                             evaluation_table, predict_splits, solve_phase)
+from tamrun.fit.evaluate import ScoreSums, group_metrics, require_finite, scored
+from tamrun.fit.unsupported import ARTIFACT as UNSUPPORTED_ARTIFACT, COLUMNS as UNSUPPORTED_COLUMNS
+from tamrun.fit.unsupported import log_unsupported, n_unsupported, require_share
+from tamrun.jobs.fit import (Evaluated, ScoredSplit, band_metrics, calibration_bands, calibration_split,
+                             checked_metrics, evaluation_table, predict_splits, solve_phase)
 from tamrun.jobs.prepare import prepare
 from tamrun.jobs.record import coefficients_frame
 from tamrun.jobs.result import RunResult
@@ -54,7 +59,7 @@ from tamrun.machine.limits import binding_limit
 from tamrun.memory.oracle import ChunkPlan, MemoryOracle
 from tamrun.config.units import format_size
 from tamrun.numbers import significant
-from tamrun.pipeline import read_columns
+from tamrun.pipeline import numerical_fix, read_columns, support_fix
 from tamrun.solve.stats import FitStats
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -204,7 +209,8 @@ class PredictionSink:
 @dataclass
 class StreamTotals:
     """What the chunks add up to: each split's score sums, the per-group metrics and coefficients, the
-    phases' seconds (summed) and peaks (the largest), the fit's statistics of the first chunk."""
+    phases' seconds (summed) and peaks (the largest), the fit's statistics of the first chunk, the groups
+    withheld (`tamrun.fit.unsupported`) and each split's rows they held."""
 
     sums: Dict[str, ScoreSums]
     groups: List[pd.DataFrame]
@@ -213,10 +219,22 @@ class StreamTotals:
     phases: Dict[str, float]
     band_sums: Dict[str, float]
     first: Optional[Any] = None  # (plan, stats, width) of the first chunk
+    unsupported: List[pd.DataFrame] = field(default_factory=list)
+    withheld_rows: Dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> "StreamTotals":
         return cls({}, [], [], [], {}, {})
+
+    @property
+    def unsupported_table(self) -> pd.DataFrame:
+        """The withheld groups of every chunk, in chunk order (`tamrun.fit.unsupported.COLUMNS`)."""
+        parts = [part for part in self.unsupported if len(part)]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=UNSUPPORTED_COLUMNS)
+
+    def rows(self, split: str) -> int:
+        """The split's rows, scored and withheld."""
+        return self.sums[split].rows + self.withheld_rows.get(split, 0)
 
     def merge(self, part: "StreamTotals") -> None:
         """Add a chunk's totals computed elsewhere (a Ray task, `tamrun.jobs.shard`), in chunk order."""
@@ -226,6 +244,9 @@ class StreamTotals:
         self.coefficients += part.coefficients
         self.coef += part.coef
         self.add_phases(part.phases)
+        self.unsupported += part.unsupported
+        for name, value in part.withheld_rows.items():
+            self.withheld_rows[name] = self.withheld_rows.get(name, 0) + value
         for name, value in part.band_sums.items():
             self.band_sums[name] = self.band_sums.get(name, 0.0) + value
         if self.first is None:
@@ -239,14 +260,16 @@ class StreamTotals:
                 self.phases[name] = max(self.phases.get(name, 0.0), value)
 
 
-def require_own_bands(config: Config, splits: List[ScoredSplit]) -> None:
-    """`ConfigError` when a group of a streamed chunk has fewer calibration rows than
-    intervals.min_group_rows: its bands would pool every group's residuals, which a chunk does not hold."""
+def require_own_bands(config: Config, splits: List[ScoredSplit], withheld: List[int]) -> None:
+    """`ConfigError` when a group of a streamed chunk (but those ``withheld``: their rows are not scored) has
+    fewer calibration rows than intervals.min_group_rows: its bands would pool every group's residuals, which
+    a chunk does not hold."""
     least = config.intervals.min_group_rows
     if not config.intervals.levels:
         return
     calibration = calibration_split(splits)
     counts = calibration.batch.counts.cpu()
+    counts[withheld] = least
     if bool((counts < least).any()):
         few = int(counts.min())
         raise ConfigError("intervals.min_group_rows", least, f"the table is streamed in chunks of groups, but a group "
@@ -264,24 +287,34 @@ def run_chunk(config: Config, specs: Dict[str, Any], devices: DeviceManager, chu
     with prepared.recorder.phase("predict", prepared.metered):
         splits = predict_splits(prepared, fit)
     with prepared.recorder.phase("evaluate"):
-        checked_metrics(config, fit, splits)
-        for split in splits:
-            totals.sums.setdefault(split.name, ScoreSums()).add(*scored(split.batch, split.predicted))
-        require_own_bands(config, splits)
+        evaluated = checked_metrics(config, fit, splits, whole=False)
+        add_scores(totals, splits, evaluated)
+        splits = evaluated.splits
+        require_own_bands(config, splits, evaluated.withheld)
         bands = calibration_bands(config, splits)
         rows = {split.name: int((split.batch.row_index >= 0).sum()) for split in splits}
         for name, value in band_metrics(config, splits, bands).items():
             weight = rows[name.rsplit("_", 1)[1]]
             totals.band_sums[name] = totals.band_sums.get(name, 0.0) + value * weight
         table = evaluation_table(config.data, splits, bands)
-        totals.groups.append(group_metrics(table))
-        if sink is not None:
-            sink.append(table)
+        if len(table):  # none: every group of the chunk withheld (an empty table has no column types to write)
+            totals.groups.append(group_metrics(table))
+            if sink is not None:
+                sink.append(table)
     totals.coefficients.append(coefficients_frame(fit))
     totals.coef.append(fit.model.coef)
     totals.add_phases(prepared.recorder.metrics())
     if totals.first is None:
         totals.first = (fit.plan, fit.stats, fit.model.design.width)
+
+
+def add_scores(totals: StreamTotals, splits: List[ScoredSplit], evaluated: Evaluated) -> None:
+    """A chunk's score sums (its withheld groups left out), its withheld groups and the rows they held."""
+    for split, kept in zip(splits, evaluated.splits):
+        totals.sums.setdefault(kept.name, ScoreSums()).add(*scored(kept.batch, kept.predicted))
+        withheld = int((split.batch.row_index >= 0).sum() - (kept.batch.row_index >= 0).sum())
+        totals.withheld_rows[split.name] = totals.withheld_rows.get(split.name, 0) + withheld
+    totals.unsupported.append(evaluated.unsupported)
 
 
 def release_chunk() -> None:
@@ -322,6 +355,7 @@ def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], device
         (run_chunks or functools.partial(run_here, config, specs, devices))(chunks, totals, sink)
         if sink is not None:
             sink.close()
+        require_whole(config, stream, totals)
         metrics = stream_metrics(stream, totals)
         record_stream(tracked, config, stream, totals, metrics, sink)
     finally:
@@ -335,6 +369,20 @@ def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], device
                      plan=plan, stats=FitStats(route=plan.route, group_chunk=stats.group_chunk, row_chunk=stats.row_chunk))
 
 
+def require_whole(config: Config, stream: StreamPlan, totals: StreamTotals) -> None:
+    """The checks of a run over every chunk: at most evaluate.max_unsupported_share of the groups withheld
+    (`require_share`, then the log line naming them), and every split's RMSE and MAPE finite (a chunk whose
+    every group is withheld scores none of its rows)."""
+    unsupported = totals.unsupported_table
+    share = config.evaluate.max_unsupported_share
+    require_share(unsupported, len(stream.scan.groups), share, support_fix(config))
+    log_unsupported(unsupported, len(stream.scan.groups), share)
+    scores: Dict[str, float] = {}
+    for name, sums in totals.sums.items():
+        scores.update(sums.scores(name))
+    require_finite(scores, "a forecast metric", numerical_fix(config))
+
+
 def stream_metrics(stream: StreamPlan, totals: StreamTotals) -> Dict[str, float]:
     """Each split's RMSE and MAPE from its sums, the phases, the streaming's figures."""
     metrics: Dict[str, float] = dict(totals.phases)
@@ -343,7 +391,8 @@ def stream_metrics(stream: StreamPlan, totals: StreamTotals) -> Dict[str, float]
     metrics.update({name: value / totals.sums[name.rsplit("_", 1)[1]].rows for name, value in totals.band_sums.items()})
     metrics.update({"stream_chunks": float(len(stream.chunks)), "stream_chunk_groups": float(stream.chunk.groups),
                     "stream_chunk_bytes": float(stream.chunk.bytes), "n_groups": float(len(stream.scan.groups)),
-                    "n_train_rows": float(totals.sums["train"].rows), "n_test_rows": float(totals.sums["test"].rows)})
+                    "n_train_rows": float(totals.rows("train")), "n_test_rows": float(totals.rows("test")),
+                    "groups_unsupported": float(n_unsupported(totals.unsupported_table))})
     if "features_seconds" in metrics and "solve_seconds" in metrics:
         metrics["fit_seconds"] = metrics["features_seconds"] + metrics["solve_seconds"]
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% (%d chunks of %d groups)",
@@ -355,7 +404,7 @@ def stream_metrics(stream: StreamPlan, totals: StreamTotals) -> Dict[str, float]
 def record_stream(tracked: TrackedRun, config: Config, stream: StreamPlan, totals: StreamTotals,
                   metrics: Dict[str, float], sink: Optional[PredictionSink]) -> None:
     """The streamed run's record: params, metrics, the plan's line, the predictions file, the per-group
-    metrics and the coefficients."""
+    metrics, the withheld groups (`tamrun.fit.unsupported`) and the coefficients."""
     plan, _, width = totals.first
     tracked.log_params({"route": plan.route, "D": width, "n_groups": len(stream.scan.groups),
                         "memory_bound_by": plan.bound_by, "stream_chunks": len(stream.chunks)})
@@ -366,6 +415,9 @@ def record_stream(tracked: TrackedRun, config: Config, stream: StreamPlan, total
         tracked.log_file(sink.path, "predictions")
         per_group = pd.concat(totals.groups, ignore_index=True).sort_values(["split", "group"], kind="stable")
         tracked.log_frame(per_group.reset_index(drop=True), "predictions/group_metrics.csv")
+    unsupported = totals.unsupported_table
+    if len(unsupported):
+        tracked.log_frame(unsupported, UNSUPPORTED_ARTIFACT)
     tracked.log_frame(pd.concat(totals.coefficients, ignore_index=True), "fit/coefficients.csv")
     if config.tracking.enabled and (config.tracking.log_plots or config.tracking.log_model):
         log.warning("streamed run: the plots and the LoggedModel need the whole table at once and are not recorded "

@@ -5,7 +5,8 @@ first ("Model metrics"). tamrun's code names metrics plainly (``cg_iterations``,
 `metric_key` gives the key a metric is logged under, read back by `metric_key` too (the same function
 on both sides), and `metric_name` strips it:
 
-    rmse_*, mape_*, fit_seconds, peak_memory_mib, cost_*, sweep_*, best_*   top level (what runs are compared on)
+    rmse_*, mape_*, fit_seconds, peak_memory_mib, cost_*, sweep_*, best_*,  top level (what runs are compared on;
+    groups_unsupported                                                       the groups the metrics leave out)
     coverage_*, width_*, pinball_*                                         interval/   (prediction intervals)
     *_seconds, seconds_per_refit                                           time/
     *_bytes, *_mib, working_peak_ratio, oom_retries, chunk and batch sizes memory/
@@ -21,7 +22,7 @@ from typing import Mapping, Optional, Tuple
 # (prefix, pattern of the plain names it holds), the first match wins; names no pattern matches stay at the
 # top level.
 GROUPS: Tuple[Tuple[str, str], ...] = (
-    ("", r"(rmse|mape)_.*|fit_seconds|peak_memory_mib|cost_.*|sweep_.*|best_.*"),
+    ("", r"(rmse|mape)_.*|fit_seconds|peak_memory_mib|cost_.*|sweep_.*|best_.*|groups_unsupported"),
     ("interval/", r"(coverage|width|pinball)_.*"),
     ("time/", r".*_seconds|seconds_per_refit"),
     ("memory/", r".*_bytes|.*_mib|working_peak_ratio|oom_retries|(predict_)?chunk_.*|groups_per_batch|"

@@ -15,9 +15,14 @@ environment's versions, torch from PyTorch's CPU index (`requirements`): ``mlflo
 
 Its input is the user's raw table: the group column, the effects' columns that are read from the
 file, and what the derived columns are computed from (the date for a time index, an ``isin``'s
-column, the columns an expression names): `FittedModel.raw_columns`, which its signature lists; the
-date is text, as in the file and in a CSV or JSON request (``2024-01-01 00:30:00``; `dates_as_text`
-for a parsed column). Its output is a table, one row per
+column, the columns an expression names): `FittedModel.raw_columns`, which its input example lists; the
+date as text, as in the file and in a CSV or JSON request (``2024-01-01 00:30:00``), or as a pandas
+datetime column. Its signature has no input schema: MLflow enforces one before the model sees the rows,
+and none of its column types passes both (a string type refuses a datetime64 column; a datetime type
+makes the scoring server read a CSV request with a dtype pandas refuses; ``AnyType`` has no pandas dtype
+for a CSV request either). The model checks its rows itself, as a run would (`tamrun.tracking.serve_inputs`:
+columns present, no missing or non-finite value, dates that are dates, features within the training
+support, forecasts a run accepts). Its output is a table, one row per
 input row in the input's order: the date and group columns as given, and `PREDICTION`
 (`prediction_table`). The LoggedModel is linked to its run (the UI's Models column) and registered by
 ``python -m tamrun.compare --best --register <name>``.
@@ -41,6 +46,7 @@ from tamrun.process.filesystem import writing
 from tamrun.fit.fitted import FittedModel
 from tamrun.machine.placement import HOST
 from tamrun.tracking.model_state import load_state, save_state
+from tamrun.tracking.serve_inputs import check_forecasts, check_inputs, served_refusals
 from tamrun.tracking.store.store import local_folder
 
 log = logging.getLogger(__name__)
@@ -50,7 +56,7 @@ FITTED_ARTIFACT = "fitted"  # the FittedModel's state folder, among the model's 
 # first, so runs:/<run id>/model loads it (the run's artifact folders are named apart: fit/, plots/, ...).
 LOGGED_MODEL_NAME = "model"
 PREDICTION = "predicted"  # the output table's prediction column
-DATE_TEXT = "%Y-%m-%d %H:%M:%S"  # how the signature's example writes a date (any text pandas parses is read)
+DATE_TEXT = "%Y-%m-%d %H:%M:%S"  # how the input example writes a date (any text pandas parses is read)
 # What of the tamrun package does not travel with a model: caches and the embedded data (5 MB).
 CODE_LEFT_OUT = ("__pycache__", "*.pyc", "national")
 # Where pip finds torch's CPU build (PyPI's Linux wheel is the CUDA one, several GB).
@@ -69,8 +75,13 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
         self.model = load_state(Path(context.artifacts[FITTED_ARTIFACT]))
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
-        """`prediction_table` of ``model_input`` (unseen groups or levels: `tamrun.errors.DataError`)."""
-        return prediction_table(self.model, model_input)
+        """`prediction_table` of ``model_input``, held to a run's standard (`tamrun.tracking.serve_inputs`: a
+        refusal, unseen groups or levels among them, is an MlflowException of one ``tamrun:`` line)."""
+        with served_refusals():
+            check_inputs(self.model, model_input)
+            table = prediction_table(self.model, model_input)
+            check_forecasts(self.model, table[PREDICTION].to_numpy())
+        return table
 
 
 def prediction_table(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
@@ -88,8 +99,7 @@ def prediction_table(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
 
 def dates_as_text(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """``frame`` with its date ``column`` (when it has it, parsed) written as text, ``2024-01-01 00:30:00``:
-    the model's signature types the date as text, as a CSV or a JSON request carries it (MLflow's schema
-    has no type that CSV, JSON and pandas datetimes all pass)."""
+    the model's input example shows the date as a CSV or a JSON request carries it."""
     if column not in frame.columns or not pd.api.types.is_datetime64_any_dtype(frame[column]):
         return frame
     return frame.assign(**{column: frame[column].dt.strftime(DATE_TEXT).astype(object)})
@@ -158,7 +168,7 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
     ``name`` must not be one of the run's artifact folders: MLflow resolves ``runs:/<id>/<name>`` to
     the run's LoggedModel of that name first."""
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-    from mlflow.models import Model, infer_signature
+    from mlflow.models import Model, ModelSignature, infer_signature
 
     model = fitted.to(HOST)  # every tensor of it: it loads on a machine without a GPU
     sample = dates_as_text(example[model.raw_columns(example.columns)].head(EXAMPLE_ROWS).reset_index(drop=True),
@@ -177,7 +187,8 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
             info = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=tracked.run_id,
                          model_id=logged.model_id)
             path = Path(tmp) / "model"
-            signature = infer_signature(sample, prediction_table(model, sample))
+            # outputs only: no input schema MLflow enforces passes both a CSV request and a datetime column (module doc)
+            signature = ModelSignature(outputs=infer_signature(sample, prediction_table(model, sample)).outputs)
             mlflow.pyfunc.save_model(str(path), python_model=str(CODE_FILE), artifacts={FITTED_ARTIFACT: str(state)},
                                      signature=signature, input_example=sample, pip_requirements=requirements(),
                                      code_paths=[str(package_code(Path(tmp) / "code"))], mlflow_model=info)
