@@ -7,7 +7,10 @@ and text artifacts (`tamrun.tracking.mlflow_run`), Hydra's own files
 (`tamrun.process.hydra_files`) and what is handed to Ray (`tamrun.cluster.env`). What it replaces by ``***``:
 
 - the password of a URI, ``scheme://user:password@host``: everything between the user's ``:`` and the
-  last ``@`` before the host, ``/``, ``:`` and ``?`` included (``postgresql://u:pa/ss@h/db``);
+  last ``@`` before the host, ``/``, ``:`` and ``?`` included (``postgresql://u:pa/ss@h/db``), whatever the
+  scheme (s3, ftp, http, gs, abfs, hdfs, ...), percent-encoded or not, and also after a path's
+  normalisation collapsed its ``//`` (``s3:/user:password@bucket``, what ``Path("s3://...")`` prints);
+- a URI's user when it is a token rather than a name (``https://ghp_...@github.com``: `looks_like_credential`);
 - the value of a secret-named query parameter or setting, ``?password=...``, ``&token=...``,
   ``AWS_SECRET_ACCESS_KEY=...``, ``password: ...``: a name that contains password, passwd, pwd, secret,
   token, credential, api_key/apikey, access_key, private_key, signature or sig, or is ``key``;
@@ -16,7 +19,7 @@ and text artifacts (`tamrun.tracking.mlflow_run`), Hydra's own files
   ``MLFLOW_TRACKING_PASSWORD`` and ``MLFLOW_TRACKING_TOKEN``, ``AWS_SECRET_ACCESS_KEY``,
   ``AZURE_STORAGE_CONNECTION_STRING``, ...) wherever it appears, whatever the form around it.
 
-A user name stays (it says whose store it is); so does a host. The redaction is idempotent. The entry
+A user name stays (it says whose store it is) unless it looks like a token; so does a host. The redaction is idempotent. The entry
 points (``python -m tamrun``, ``python -m tamrun.compare``) run under `redacted_output`, so that what a
 library prints itself is redacted too.
 """
@@ -40,8 +43,18 @@ NOT_SECRET = frozenset({"PWD", "OLDPWD"})
 _SECRET_WORD = (r"(?:passw(?:or)?d|pwd|secret|token|credentials?|api[_-]?key|apikey|access[_-]?key|"
                 r"private[_-]?key|account[_-]?key|signature|connection[_-]?string|sas)")
 _SECRET_NAME = re.compile(rf"(?i)(?:^|[_.-]){_SECRET_WORD}(?:$|[_.-])|^(?:key|sig|pass)$|{_SECRET_WORD}$")
-# scheme://user:password@ : the password runs to the last '@' before whitespace or a quote.
-_URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):(?P<secret>[^\s'\"]*)@")
+# scheme://user:password@ : the password runs to the last '@' before whitespace or a quote. One '/' is
+# enough: a path's normalisation (pathlib) writes s3://u:pw@b as s3:/u:pw@b; a ':' may be escaped, as Hydra
+# writes an override's value (http\://u\:pw@h) and JSON that value again (http\\://u\\:pw@h).
+_URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\*:/+[^:/@\s'\"\\]*)(?P<sep>\\*:)(?P<secret>[^\s'\"]*)@")
+# scheme://user@ : a user alone, masked when it is a token (`looks_like_credential`).
+_URI_USER = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\*:/+)(?P<user>[^:/@\s'\"\\]+)@")
+# Prefixes of the tokens services issue (GitHub, GitLab, Slack, OpenAI/Stripe, AWS key ids, Google, npm,
+# PyPI, Hugging Face): such a word is a credential whatever its length.
+_TOKEN_PREFIX = re.compile(r"(?:gh[pousr]_|github_pat_|glpat-|xox[abposr]-|sk-|sk_live_|rk_live_|AKIA|ASIA|AIza|"
+                           r"ya29\.|npm_|pypi-|hf_)[A-Za-z0-9_.-]{8,}")
+SHORTEST_PASSWORD = 8  # characters: a shorter word is not taken for a password by its look alone
+SHORTEST_TOKEN = 16  # characters: a longer word a quarter of whose characters are digits is a token (hex, base36)
 # A password hash as crypt(3) writes it (/etc/shadow: $1$, $5$, $6$, $y$ yescrypt, $2b$ bcrypt, $argon2id$, ...).
 _CRYPT_HASH = re.compile(r"\$(?:1|2[abxy]?|5|6|7|y|gy|sha1|md5|argon2(?:id|i|d)?|scrypt|pbkdf2[\w-]*)\$[^\s:,;'\"]+")
 # ?name=value or &name=value: a URI's query parameter.
@@ -58,6 +71,26 @@ def secret_name(name: str) -> bool:
     return name not in NOT_SECRET and bool(_SECRET_NAME.search(name))
 
 
+def looks_like_credential(word: str) -> bool:
+    """Whether ``word`` (no whitespace) looks like a password or a token rather than a name: a service's
+    token prefix (``ghp_``, ``glpat-``, ``AKIA``, ...); at least `SHORTEST_PASSWORD` characters mixing
+    digits with upper- and lower-case letters, or with a sign other than ``_ . - + %`` (``Tr0ub4dor&3``);
+    or at least `SHORTEST_TOKEN` characters of letters and digits, a quarter of them digits (a hex or
+    base36 token). A name such as ``alice``, ``temp_2m`` or ``sales_2023`` is not one."""
+    if not word or any(char.isspace() for char in word):
+        return False
+    if _TOKEN_PREFIX.fullmatch(word):
+        return True
+    digits = sum(char.isdigit() for char in word)
+    letters = sum(char.isalpha() for char in word)
+    if not digits or not letters:
+        return False
+    cases = any(char.isupper() for char in word) and any(char.islower() for char in word)
+    sign = any(not char.isalnum() and char not in "_.-+%" for char in word)
+    return (len(word) >= SHORTEST_PASSWORD and (cases or sign)) or \
+        (len(word) >= SHORTEST_TOKEN and digits * 4 >= len(word))
+
+
 def _secret_values(environ: Mapping[str, str]) -> Iterable[str]:
     """The values of ``environ``'s secret-named variables, longest first (a value inside another is
     masked with it)."""
@@ -72,7 +105,9 @@ def redacted(text: str, environ: Optional[Mapping[str, str]] = None) -> str:
         return text
     for value in _secret_values(os.environ if environ is None else environ):
         text = text.replace(value, MASK)
-    text = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
+    text = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}{m.group('sep')}{MASK}@", text)
+    text = _URI_USER.sub(lambda m: f"{m.group('head')}{MASK}@" if looks_like_credential(m.group("user"))
+                         else m.group(0), text)
     text = _CRYPT_HASH.sub(MASK, text)
     text = _QUERY.sub(lambda m: f"{m.group('head')}{MASK}" if secret_name(m.group("name")) and m.group("value")
                       else m.group(0), text)

@@ -15,6 +15,7 @@ from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_s
 from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode,
                                   schema_default)
 from tamrun.config.expr import parse_expression
+from tamrun.config.secret_sources import check_no_secret
 from tamrun.errors import ConfigError
 
 _DERIVED_KINDS = ("time_index", "isin", "expr")
@@ -217,8 +218,17 @@ def cli_list(values: List[Any]) -> str:
 
 
 def _check_tracking(cfg: Config) -> None:
+    """A name for the experiment; no secret in it nor in the artifact root, which MLflow keeps in clear
+    (`tamrun.config.secret_sources.check_no_secret`: an experiment is found by its name, which cannot be
+    masked; a run's name is a label, written redacted)."""
     _require(bool(cfg.tracking.experiment.strip()), "tracking.experiment", cfg.tracking.experiment,
              "the experiment name is empty", _set_default("tracking.experiment"))
+    check_no_secret("tracking.experiment", cfg.tracking.experiment, "as the experiment's name",
+                    "give tracking.experiment a name without it")
+    check_no_secret("tracking.artifact_root", cfg.tracking.artifact_root, "as the experiment's artifact location and "
+                    "every run's artifact URI", "take the credentials out of the URI: the artifact store's client "
+                    "reads them from its environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                    "AZURE_STORAGE_CONNECTION_STRING, GOOGLE_APPLICATION_CREDENTIALS, ...)")
 
 
 def _check_tco(cfg: Config) -> None:

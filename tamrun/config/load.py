@@ -12,6 +12,7 @@ from tamrun.config.checks import check_config, check_gcv_effects
 from tamrun.config.effects import parse_effects
 from tamrun.config.entries import type_mappings
 from tamrun.config.schema import Config
+from tamrun.config.secret_sources import check_secret_sources
 from tamrun.errors import ConfigError
 
 
@@ -26,8 +27,10 @@ def typed_config(cfg: Any) -> Tuple[Config, Dict[str, Any]]:
     every range and parse the effects.
 
     Raises:
-        ConfigError: a missing, mistyped, unknown or out-of-range value (the message names it).
+        ConfigError: a missing, mistyped, unknown or out-of-range value (the message names it), or a
+            secret where it would be written in clear (`tamrun.config.secret_sources`).
     """
+    check_secret_sources(cfg)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         config: Config = OmegaConf.to_object(merged)

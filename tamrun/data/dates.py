@@ -21,6 +21,7 @@ import pandas as pd
 from pandas.tseries.api import guess_datetime_format
 
 from tamrun.config.schema import DataConfig, NanPolicy
+from tamrun.data.file_kind import quoted_value
 from tamrun.errors import DataError
 
 ISO = "ISO8601"  # pandas' format for any ISO 8601 date (with or without time, fraction, offset)
@@ -45,7 +46,7 @@ class DateFormat:
         """``date_format`` (data.date_format), else the format of ``first``, day first under ``dayfirst``."""
         if date_format:
             return cls(date_format, "data.date_format")
-        chosen = f"read from the first date {first!r} with data.dayfirst={str(dayfirst).lower()}"
+        chosen = f"read from the first date {quoted_value(first)} with data.dayfirst={str(dayfirst).lower()}"
         if year_first(first):  # ISO 8601, never day first
             return cls(ISO, chosen)
         return cls(guess_format(first, dayfirst), chosen, dayfirst)
@@ -146,8 +147,8 @@ def unparsed(column: str, text: pd.Series, failed: pd.Series, form: DateFormat) 
     """The error naming the first value ``form`` does not fit, its line in the file and the settings."""
     where = failed.idxmax()
     value = str(text.loc[where])
-    problem = (f"the value {value!r} at line {int(where) + 2} of the file is not a date in the format tried "
-               f"({form.describe()})")
+    problem = (f"the value {quoted_value(value)} at line {int(where) + 2} of the file is not a date in the format "
+               f"tried ({form.describe()})")
     owns = [f for f in own_formats(value) if f != form.format]
     if len(owns) == 2:
         fix = f"set data.date_format='{owns[0]}' if {value!r} is day first, or '{owns[1]}' if month first"

@@ -11,6 +11,7 @@ import pandas as pd
 from tamrun.config.schema import DerivedColumn
 from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.data.dates import read_dates
+from tamrun.data.file_kind import use_one_of
 from tamrun.errors import DataError
 
 
@@ -35,8 +36,7 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             out[name] = ((dates - (dates.min() if origin is None else origin)) / unit).astype(np.float64)
         elif spec.kind == "isin":
             if spec.column not in out.columns:
-                raise DataError(f"{field}.column", spec.column, "no such column in the data",
-                                f"use one of: {', '.join(map(str, out.columns))}")
+                raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(out.columns))
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
         else:  # expr (kinds are checked by tamrun.config.checks)
             out[name] = evaluate(f"{field}.expr", spec.expr, out)

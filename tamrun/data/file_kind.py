@@ -1,5 +1,7 @@
 """What a data file is, told before it is parsed, and what an error about it may quote.
 
+`local_path` refuses a URI (``s3://``, ``https://``, ``ftp://``, ...: tamrun reads local files only) before
+it becomes a `Path`, whose normalisation would collapse its ``//`` and hide a password from the redaction.
 `regular_file` refuses a path that is not a regular file for what it is: missing, a folder, a named pipe
 (FIFO: reading it would wait for a writer), a character or block device (``/dev/zero`` never ends), a
 socket, or a file of the kernel's pseudo file systems (``/proc``, ``/sys``: ``/proc/self/environ`` holds the
@@ -9,19 +11,27 @@ compression from the name only), an Excel workbook or any other binary file is r
 (a Parquet file is read as such before: `tamrun.data.parquet`). `header_problem` names a header that was split with the wrong delimiter (one column whose
 name holds ``;``, a tab or ``|``), and `decode_problem` a file that is not in ``data.encoding``.
 
-An error never quotes more of a file than `excerpt`: a few names, each cut short, redacted
-(`tamrun.redact`).
+An error never quotes more of a file than `excerpt`: a few names of its first line, each cut short,
+redacted (`tamrun.redact`), and only when that line looks like a CSV header (`quotable`): no name holds
+':', '=', '@' or '$' (the separators of credential files' lines: a ``.pgpass`` line
+``host:port:db:user:password``, a ``.env`` line ``NAME=value``, ``user@host``, a crypt(3) hash), is a number
+(a data row, not a header), holds a secret-named word (``password``, ``token``, ...) or looks like a password
+or token (`tamrun.redact.looks_like_credential`). Otherwise no name of it is quoted, only their count. A
+value of the file (a date that does not parse, a column that is not numeric) is quoted unless it looks
+like a password or token (`quoted_value`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Iterable, Optional
 
 from tamrun.errors import DataError, os_reason
-from tamrun.redact import redacted
+from tamrun.redact import looks_like_credential, redacted, secret_name
 
 SNIFF_BYTES = 4096
 PSEUDO_FILE_SYSTEMS = ("/proc", "/sys")  # a device anywhere is refused by its mode
@@ -38,13 +48,72 @@ REFUSED = {b"\xd0\xcf\x11\xe0": ("an Excel 97-2003 workbook (.xls), not a CSV", 
            b"SQLite format 3\x00": ("an SQLite database, not a CSV", "export the table to CSV")}
 
 
+# Signs no CSV header's name holds and credential files' lines do (module doc).
+CREDENTIAL_SIGNS = ":=@$"
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+NOT_QUOTED = ("its first line does not look like a CSV header (a name holds ':', '=', '@' or '$', is a number, or "
+              "looks like a password or token), so no name of it is quoted")
+
+
+def quotable(name: object) -> bool:
+    """Whether ``name``, a name of a file's first line, looks like a column's name an error may quote
+    (module doc): no credential sign, not a number, no secret-named or credential-like word, nothing the
+    redaction would mask."""
+    text = str(name).strip()
+    if any(sign in text for sign in CREDENTIAL_SIGNS) or _NUMBER.fullmatch(text) or redacted(text) != text:
+        return False
+    return not any(secret_name(word) or looks_like_credential(word) for word in text.split())
+
+
+def quoted_value(value: object) -> str:
+    """``repr(value)``, a value of the file an error may quote, unless it looks like a password or token
+    (`tamrun.redact.looks_like_credential`, or the redaction would mask part of it): then a phrase saying
+    it is not quoted."""
+    text = str(value)
+    if redacted(text) != text or any(looks_like_credential(word) for word in text.split()):
+        return "(not quoted: it looks like a password or a token)"
+    return repr(value)
+
+
 def excerpt(names: Iterable[object]) -> str:
     """At most `EXCERPT_NAMES` names of a file (its columns), each cut to `EXCERPT_CHARS`, redacted,
-    comma-separated; ``(N more)`` when there are more."""
+    comma-separated, ``(N more)`` when there are more; only their count when one of them is not
+    `quotable` (the line is not a header: it may be a credential file's)."""
     names = [str(name) for name in names]
+    if not all(quotable(name) for name in names):
+        return f"{len(names)} name(s); {NOT_QUOTED}"
     shown = [name if len(name) <= EXCERPT_CHARS else name[:EXCERPT_CHARS - 3] + "..." for name in names[:EXCERPT_NAMES]]
     more = f" ({len(names) - EXCERPT_NAMES} more)" if len(names) > EXCERPT_NAMES else ""
     return redacted(", ".join(shown)) + more
+
+
+# A URI's scheme and '//': two characters or more (a one-letter scheme would be a Windows drive).
+_URI = re.compile(r"\s*(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
+FIX_REMOTE = ("copy the data to a local disk, or mount its bucket (s3fs, gcsfuse, blobfuse2), and point data.path at "
+              "the local path; credentials belong in the environment, never in a path")
+
+
+def local_path(text: str, field: str = "data.path") -> Path:
+    """``text`` as a local path (``~`` expanded); a URI is a `DataError` on ``field`` naming its scheme:
+    tamrun reads local files and folders only. Judged on the text as given, before a `Path` collapses
+    ``s3://`` to ``s3:/`` (the error quotes it redacted, its password masked)."""
+    found = _URI.match(text)
+    if found is None:
+        return Path(text).expanduser()
+    scheme = found.group("scheme").lower()
+    if scheme == "file":
+        raise DataError(field, text, "a file: URI, not a path", f"give the path itself: data.path={urlsplit(text).path}")
+    raise DataError(field, text, f"a remote {scheme}:// URI: tamrun reads local files and folders only", FIX_REMOTE)
+
+
+def use_one_of(names: Iterable[object]) -> str:
+    """The fix of an error naming a column the file lacks: ``use one of: <its names>`` (`excerpt`), or,
+    when they are not quotable, to check data.path and data.delimiter."""
+    names = [str(name) for name in names]
+    if all(quotable(name) for name in names):
+        return f"use one of: {excerpt(names)}"
+    return (f"check that data.path names the data file and data.delimiter its delimiter: the file has {len(names)} "
+            f"column(s) and {NOT_QUOTED}")
 
 
 def what_it_is(mode: int) -> Optional[str]:

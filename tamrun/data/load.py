@@ -16,8 +16,8 @@ import pandas as pd
 from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.chunks import GroupChunk, keep_groups
 from tamrun.data.dates import FileDates
-from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, decode_problem, excerpt, header_problem, regular_file,
-                                    sniff)
+from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, NOT_QUOTED, decode_problem, header_problem,
+                                    local_path, quotable, quoted_value, regular_file, sniff, use_one_of)
 from tamrun.data.parquet import DateWindow, ParquetRead, is_parquet, parquet_dataset, parquet_header, read_parquet
 from tamrun.errors import DataError, os_reason
 
@@ -34,7 +34,7 @@ def embedded_path() -> Path:
 def table_path(cfg: DataConfig) -> Path:
     """The data the config names (data.path, or the embedded dataset): a folder of Parquet files, else a
     regular file; `DataError` otherwise, saying what it is (`tamrun.data.file_kind.regular_file`)."""
-    path = Path(cfg.path).expanduser() if cfg.source == DataSource.file else embedded_path()
+    path = local_path(cfg.path) if cfg.source == DataSource.file else embedded_path()
     return path if os.path.isdir(path) and is_parquet(path) else regular_file(path)
 
 
@@ -73,7 +73,9 @@ def read_header(path: Path, cfg: DataConfig) -> List[str]:
         raise unreadable(path, exc, cfg) from None
     repeated = sorted({name for name in header if header.count(name) > 1}, key=str)
     if repeated:
-        raise DataError("data.path", str(path), f"the header names column(s) {[name[:EXCERPT_CHARS] for name in repeated[:EXCERPT_NAMES]]} more than once "
+        named = [name[:EXCERPT_CHARS] for name in repeated[:EXCERPT_NAMES]] if all(map(quotable, header)) else \
+            f"({len(repeated)} of them; {NOT_QUOTED})"
+        raise DataError("data.path", str(path), f"the header names column(s) {named} more than once "
                         "(pandas would rename the copies and a setting could read the wrong one)",
                         "give every column a distinct name")
     return header
@@ -178,7 +180,7 @@ def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
     """Check that every configured column exists; ``columns`` maps config field -> column name."""
     for field, column in columns.items():
         if column not in frame.columns:
-            raise DataError(field, column, "no such column in the data", f"use one of: {excerpt(frame.columns)}")
+            raise DataError(field, column, "no such column in the data", use_one_of(frame.columns))
 
 
 def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
@@ -186,5 +188,5 @@ def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
     for field, column in columns.items():
         if not pd.api.types.is_numeric_dtype(frame[column]):
             example = frame[column].iloc[0]
-            raise DataError(field, column, f"the column is not numeric (e.g. {example!r})",
+            raise DataError(field, column, f"the column is not numeric (e.g. {quoted_value(example)})",
                             "choose a numeric column, or derive one in data.derived")

@@ -8,7 +8,9 @@ Hydra writes a job's composed config, its own config and the command line's over
 `tamrun.redact.redacted` and makes it 0600 as the job starts (Hydra has just written them) and as the sweep
 ends. It also puts `tamrun.redact.RedactFilter` on every log handler Hydra configured (`filter_handlers`:
 its own logging as a run or sweep starts, the job's, ``<output dir>/tamrun.log`` among them, as the job
-starts), whatever ``hydra/job_logging`` and ``hydra/hydra_logging`` are.
+starts), whatever ``hydra/job_logging`` and ``hydra/hydra_logging`` are; and, as a run or sweep starts,
+before Hydra makes its folder, refuses a secret environment variable's value where it would be written in
+clear (`refuse_secret_sources`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any, Iterable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from tamrun.config.secret_sources import check_secret_sources
+from tamrun.errors import Abort, ConfigError
 from tamrun.redact import RedactFilter, redacted
 
 log = logging.getLogger(__name__)
@@ -68,15 +72,27 @@ def filter_handlers() -> None:
             handler.addFilter(RedactFilter())
 
 
+def refuse_secret_sources(config: DictConfig) -> None:
+    """A secret environment variable's value where it would be written in clear, Hydra's folders included
+    (`tamrun.config.secret_sources`), refused before Hydra makes the run's or the sweep's folder: the
+    `ConfigError` carried past Hydra's callbacks (which would make it a warning) as an `Abort`."""
+    try:
+        check_secret_sources(config)
+    except ConfigError as error:
+        raise Abort(error) from None
+
+
 class RedactedHydraFiles(Callback):
     """Hydra's files redacted and private: a job's as it starts, the sweep's as it ends; its log handlers
     filtered as they are configured (module doc)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         filter_handlers()
+        refuse_secret_sources(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         filter_handlers()
+        refuse_secret_sources(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         filter_handlers()

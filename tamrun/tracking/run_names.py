@@ -3,7 +3,7 @@
 ``<model>-<data>``, then each of the run's command-line overrides in command order: a config group's
 choice by its option (``hw=cuda`` as ``cuda``, ``solver=cg`` as ``cg``; the model and data choices are
 already in the name), a field as ``<last two parts of its key>=<value>`` (``model.effects.toy.m=8`` as
-``toy.m=8``, ``data.path=/data/my.csv`` as ``data.path=my.csv``, a top-level field as ``dtype=float32``;
+``toy.m=8``, ``data.path=/data/my.csv`` as ``data.path=my.csv`` (a URI's password masked first), a top-level field as ``dtype=float32``;
 a value cut as in a sweep's names), then the device's kind when the run computes off the CPU and no
 override named it. What changes nothing the run computes (``tracking.*``, ``progress``) is left out.
 Two runs that differ in anything the command line set are so named apart; identical reruns are
@@ -21,6 +21,7 @@ from typing import Iterable, List, Optional, Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from tamrun.config.schema import Config
+from tamrun.redact import redacted
 from tamrun.tracking.sweep_record.sweep_names import MAX_RUN_NAME, compact
 
 # Overrides that change how a run is recorded or shown, not what it computes.
@@ -44,8 +45,8 @@ def override_label(key: str, value: Optional[str], scalars: Sequence[str]) -> Op
         return None
     if value is None:
         return f"~{last_two}"
-    if "/" in value:  # a path: its file's name
-        value = PurePath(value).name or value
+    if "/" in value:  # a path or a URI: its file's name, of the value redacted (Hydra's escapes taken off first)
+        value = PurePath(redacted(value.replace("\\", ""))).name or value
     shown, _ = compact(value)
     if "." not in key and key not in scalars:  # a config group's choice
         return shown

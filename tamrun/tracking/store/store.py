@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from tamrun.config.secret_sources import check_no_secret
 from tamrun.errors import ConfigError
 from tamrun.process.filesystem import Place, filesystem_error
 from tamrun.redact import redacted
@@ -429,9 +430,11 @@ def experiment_id(client, uri: str, name: str, artifact_location: Optional[str],
     """The id of experiment ``name``, created (under the store's lock, with ``tags``) if absent. A name
     MLflow cannot hold, a deleted experiment of that name (in MLflow's trash: it cannot take runs, and its
     name stays taken), or a creation MLflow refuses is a `ConfigError` naming ``setting``, the setting that
-    chose the name."""
+    chose the name. A name holding a secret is refused too: MLflow would keep it in clear
+    (`tamrun.config.secret_sources.check_no_secret`; ``MLFLOW_EXPERIMENT_NAME`` is not checked before)."""
     from mlflow.exceptions import MlflowException
 
+    check_no_secret(setting, name, "as the experiment's name", f"give {setting} a name without it")
     if len(name) > LONGEST_EXPERIMENT_NAME:
         raise ConfigError(setting, name, f"an experiment name of {len(name)} characters (MLflow's store holds at "
                           f"most {LONGEST_EXPERIMENT_NAME})", f"choose a name of at most {LONGEST_EXPERIMENT_NAME} "

@@ -19,6 +19,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
+from tamrun.redact import redacted
+
 # MLflow stores 250 characters of a run name; the UI's run list shows far fewer.
 MAX_RUN_NAME = 100
 # Characters of one value in a name (a longer one is cut, and the job number appended).
@@ -111,7 +113,9 @@ def job_values(overrides: Sequence[str], keys: Iterable[str]) -> Dict[str, str]:
 
 def compact(value: str) -> Tuple[str, bool]:
     """A value as a name shows it, and whether that lost anything: a number longer than
-    MAX_NUMBER characters to 6 significant digits, any other value cut to MAX_VALUE characters."""
+    MAX_NUMBER characters to 6 significant digits, any other value redacted (`tamrun.redact.redacted`:
+    cut first, a URI's password would lose the '@' that marks it) and cut to MAX_VALUE characters."""
+    value = redacted(value)
     try:
         number: Optional[str] = f"{float(value):.6g}"
     except ValueError:
