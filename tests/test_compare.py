@@ -49,7 +49,7 @@ def ranked_store(tmp_path):
     """Four runs: three FINISHED with rmse_validation 2.0, 1.5, 1.7 and one FAILED with 0.5."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(store)
-    experiment = client.create_experiment("tamrun")
+    experiment = client.create_experiment("tamrun", artifact_location=(tmp_path / "artifacts").as_uri())
     ids = {}
     for name, value, status in (("a", 2.0, "FINISHED"), ("b", 1.5, "FINISHED"), ("failed", 0.5, "FAILED"),
                                 ("c", 1.7, "FINISHED")):
@@ -107,10 +107,22 @@ def test_a_count_beyond_mlflow_s_search_limit_is_refused_naming_n(tmp_path, caps
 
 
 def model_store(tmp_path):
-    """`ranked_store` with a LoggedModel of the best run, 'b' (no files: registering needs none)."""
+    """`ranked_store` with a LoggedModel of the best run, 'b': its one file (an MLmodel naming it) under
+    tmp_path, recorded in the store as a run records its model's files (`tamrun.tracking.model_files`), so
+    that registering's check of its files passes."""
+    from mlflow.models import Model
+
+    from tamrun.tracking.model_files import MANIFEST_TAG, file_digests, manifest_text
+
     store, ids = ranked_store(tmp_path)
     client = MlflowClient(store)
-    client.create_logged_model(client.get_run(ids["b"]).info.experiment_id, source_run_id=ids["b"], name="model")
+    logged = client.create_logged_model(client.get_run(ids["b"]).info.experiment_id, source_run_id=ids["b"],
+                                        name="model")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    Model(run_id=ids["b"], model_id=logged.model_id).save(str(folder / "MLmodel"))
+    client.log_model_artifacts(logged.model_id, str(folder))
+    client.set_logged_model_tags(logged.model_id, {MANIFEST_TAG: manifest_text(file_digests(folder))})
     return store, ids
 
 

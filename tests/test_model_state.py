@@ -215,12 +215,9 @@ def load_in_process(folder: Path, model: Path):
     ``folder`` (`logged_model`), the process's tracking URI restored after."""
     import mlflow
 
-    before = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(store_of(folder))
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", store_of(folder))  # not set_tracking_uri: it would outlive the call
         return mlflow.pyfunc.load_model(str(model))
-    finally:
-        mlflow.set_tracking_uri(before)
 
 
 def test_the_logged_model_holds_no_code_and_its_run_recorded_every_file(logged):

@@ -101,11 +101,13 @@ def verify_files(root: Path, tracking_uri: Optional[str] = None) -> str:
 
 def verify_logged_model(client: Any, model_id: str) -> None:
     """`verify_files` of the LoggedModel ``model_id`` of ``client``'s store, where its artifacts lie (a local
-    folder), else downloaded first: before it is registered, nothing of it is loaded."""
+    folder), else downloaded first: before it is registered, nothing of it is loaded. A model whose run
+    recorded no digests is refused before its artifacts are looked for."""
     import mlflow
 
     from tamrun.tracking.store.store import local_folder
 
+    recorded_files(model_id, client.tracking_uri)
     logged = client.get_logged_model(model_id)
     folder = local_folder(logged.artifact_location)
     if folder is not None:
