@@ -188,6 +188,7 @@ def test_the_size_limit_counts_what_aliases_and_references_expand_to():
     ${reference} to a list counts the list, so the same bomb written with references is refused too."""
     assert yaml_size(alias_bomb(levels=4)) == (42_807, "line 2")
     assert yaml_size(alias_bomb()) == (1 + 8 * 37_449, "line 9")
+    assert yaml_size(alias_bomb(levels=4))[0] < MAX_CONFIG_NODES < 1 + 8 * 37_449
     assert yaml_size("a: 1\nb: [1, 2]\n") == (0, "")  # no anchor: nothing to expand, nothing measured
     with pytest.raises(ConfigError, match="hydra.job_logging.b5=.*expands past tamrun's limit"):
         check_composed(OmegaConf.create(yaml.safe_load(reference_bomb())))
