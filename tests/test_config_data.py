@@ -138,9 +138,11 @@ CSV = csv_overrides(Path("d.csv"))
      "TAMRUN_TEST_UNSET_VARIABLE is not set. Fix: export TAMRUN_TEST_UNSET_VARIABLE=<value>, or give a default"),
     (["hydra.searchpath=[pkg://evilpkg]"], "hydra.searchpath='pkg://evilpkg': a config is data"),
     (["+hydra.job.env_set.LD_PRELOAD=evil.so"], "hydra.job.env_set.LD_PRELOAD='evil.so': a config is data"),
+    (["-m", "hydra/launcher=ray_cluster", "+hydra.launcher.ray.init.runtime_env={pip: [evilpkg]}"],
+     "hydra.launcher.ray.init.runtime_env.pip=['evilpkg']: a config is data: a launcher's runtime_env sets only"),
 ], ids=["read_pickle", "numpy_load", "joblib_load", "file_handler_on_the_store", "nested_in_a_callback",
         "under_model", "launcher", "sweeper", "log_handler_class", "log_file_on_the_store", "ext_stream",
-        "python_resolver", "oc_decode", "unset_variable", "pkg_searchpath", "env_set"])
+        "python_resolver", "oc_decode", "unset_variable", "pkg_searchpath", "env_set", "ray_runtime_env"])
 def test_the_command_line_names_no_code(folder, args, key_value):
     refused(folder, [*args, *CSV], key_value)
 
@@ -169,7 +171,8 @@ def test_a_config_dir_file_names_no_code_and_no_bomb(folder, experiment, key_val
       for sampler in ("tpe", "random", "cmaes", "nsgaii", "motpe", "grid")],
     ["hydra/job_logging=stdout", "hydra/hydra_logging=hydra_debug"],
     ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled"], ["hydra/job_logging=none"],
-    ["tracking=server", "tracking.experiment=${oc.env:HOME}", "hydra.job.name=nightly-1.2"],
+    ["tracking=server", "tracking.experiment=${oc.env:HOME}", "hydra.job.name=nightly-1.2",
+     "+hydra.job.env_set.MLFLOW_EXPERIMENT_NAME=nightly"],
 ])
 def test_what_tamrun_ships_passes(options):
     """Every launcher, sweeper, sampler and logging option tamrun documents composes and passes."""

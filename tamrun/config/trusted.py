@@ -13,10 +13,13 @@ included, before any of that, and refuses (a `ConfigError` naming the key and th
   on the terminal, a file handler on a ``.log`` file), an ``ext://`` value other than `LOG_STREAMS`;
 - an interpolation calling a resolver not in `RESOLVERS` (``${python:...}``, ``${oc.create:...}``), or
   ``${oc.env:NAME}`` without a default for a variable that is not set;
+- a variable set for the job other than a tracking one (``hydra.job.env_set``, a Ray launcher's
+  ``runtime_env``: `check_environment`, `check_runtime_env`), and a ``pkg://`` config source of a package other than
+  `CONFIG_PACKAGES` (`check_package`: reading it imports it);
 - a config larger than `MAX_CONFIG_NODES` values once its references are expanded.
 
-`expanded_yaml_size` bounds a YAML file's aliases the same way before OmegaConf expands them (an alias
-bomb of 3 KB is 16 million values); `yaml_error` names a YAML file Hydra could not read (a tag that would
+`yaml_size` bounds a YAML file's aliases the same way before OmegaConf expands them (an alias bomb of
+3 KB, 8 levels of 8, is 19 million values); `yaml_error` names a YAML file Hydra could not read (a tag that would
 build an object, ``!!python/object``, is one: OmegaConf's loader is yaml's safe one). Hydra calls them
 through `tamrun.process.hydra_loader`.
 """
@@ -30,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 from tamrun.errors import ConfigError
 
 # The most values (mappings, lists and scalars, each alias and ${reference} counted as what it expands
-# to) one YAML file or one composed config may hold. tamrun's largest composed config has about 300.
+# to) one YAML file or one composed config may hold. tamrun's largest composed config has about 480.
 MAX_CONFIG_NODES = 100_000
 
 CALLBACKS = ("tamrun.process.hydra_files.RedactedHydraFiles", "tamrun.sweeps.sweep.SweepCallback")
@@ -67,7 +70,8 @@ LOG_FILE_MODES = ("a", "w")
 LOG_REFERENCES = ("hydra.runtime.output_dir", "hydra.job.name")
 # The packages a ``pkg://`` config source may read (importing them): Hydra's, its plugins' and tamrun's.
 CONFIG_PACKAGES = ("hydra", "hydra_plugins", "tamrun")
-RESOLVERS = ("now", "oc.env", "hydra")  # Hydra's ${now:...} and ${hydra:...}, OmegaConf's ${oc.env:...}
+RESOLVERS = ("now", "oc.env", "hydra")
+ENV_PREFIXES = ("MLFLOW_", "TAMRUN_")  # the variables a config may set for its jobs: tracking's (docs/scale.md)  # Hydra's ${now:...} and ${hydra:...}, OmegaConf's ${oc.env:...}
 
 SEE = "docs/reliability.md, 'A config is data'"
 
@@ -312,13 +316,27 @@ def check_package(path: str) -> None:
                           "hydra.searchpath=[file://<folder>]")
 
 
-def check_environment(job: Dict[str, Any]) -> None:
-    """Refuse ``hydra.job.env_set``: a variable set for the job can make a program it starts run code
-    (LD_PRELOAD, PATH, GIT_CONFIG_GLOBAL, PYTHONSTARTUP, ...)."""
-    for name, value in (job.get("env_set") or {}).items():
-        raise ConfigError(f"hydra.job.env_set.{name}", value, "a config is data: it sets no environment variable "
-                          "of the job (one can make a program the job starts run code)",
-                          f"export {name} in the shell that starts tamrun")
+def check_environment(path: Tuple[str, ...], variables: Any) -> None:
+    """Refuse a variable a config sets for its jobs (``hydra.job.env_set``, a Ray launcher's
+    ``runtime_env.env_vars``) unless it is a tracking variable (`ENV_PREFIXES`): another (LD_PRELOAD,
+    PATH, GIT_CONFIG_GLOBAL, PYTHONSTARTUP, ...) can make a program the job starts run code."""
+    for name, value in (variables or {}).items():
+        if not str(name).startswith(ENV_PREFIXES):
+            raise ConfigError(dotted(path + (name,)), value, "a config is data: the variables it sets for a job are "
+                              f"tracking variables only ({', '.join(p + '*' for p in ENV_PREFIXES)})",
+                              f"export {name} in the shell that starts tamrun")
+
+
+def check_runtime_env(path: Tuple[str, ...], runtime_env: Any) -> None:
+    """Refuse in a Ray launcher's ``runtime_env`` anything but ``env_vars`` (``pip``, ``py_modules``,
+    ``working_dir``, ``worker_process_setup_hook``, ... install or run code on the nodes), and those
+    unless `check_environment` allows them."""
+    for key, value in (runtime_env or {}).items():
+        if key != "env_vars":
+            raise ConfigError(dotted(path + (key,)), value, "a config is data: a launcher's runtime_env sets only "
+                              "env_vars (this installs or runs code on the nodes)",
+                              "install tamrun and its dependencies on the cluster's nodes (docs/scale.md)")
+        check_environment(path + (key,), value)
 
 
 def check_composed(cfg: Any) -> None:
@@ -336,10 +354,12 @@ def check_composed(cfg: Any) -> None:
             check_target(path, value)
         elif isinstance(value, str):
             check_value(path, value)
+        if path[:2] == ("hydra", "launcher") and path[-1] == "runtime_env" and isinstance(value, dict):
+            check_runtime_env(path, value)
     size, where = config_size(tree)
     check_size(where, size, "the composed config")
     hydra = tree.get("hydra") or {}
-    check_environment(hydra.get("job") or {})
+    check_environment(("hydra", "job", "env_set"), (hydra.get("job") or {}).get("env_set"))
     for name in LOGGING:
         if isinstance(hydra.get(name), dict):
             check_logging(("hydra", name), hydra[name], str((hydra.get("job") or {}).get("name")))

@@ -4,12 +4,13 @@ Hydra composes a command's config (`ConfigLoaderImpl.load_configuration`: the ru
 sweep job's) and right after it configures logging from ``hydra.hydra_logging``, instantiates
 ``hydra.callbacks`` and, in a multirun, the sweeper and the launcher. `install`, called by the entry
 point before ``hydra.main`` runs, makes Hydra compose with `TrustedConfigLoader`, whose composition ends
-with `tamrun.config.trusted.check_composed`, and read YAML files with `TrustedFileSource`, which measures
-a file's aliases before OmegaConf expands them and names a file yaml cannot read. Both travel with
-Hydra's loader to a sweep's workers (joblib, submitit, Ray pickle it by class: the class is tamrun's), so
-a job composed there is checked too. These are the two places tamrun reaches into Hydra's internals
-(``hydra._internal``): the loader class `Hydra.create_main_hydra2` builds, and the file scheme of
-Hydra's registry of config sources.
+with `tamrun.config.trusted.check_composed`, and read configs through this module's sources: YAML files
+with `FileConfigSource` (a file's aliases measured before OmegaConf expands them, a file yaml cannot read
+named), packages with `ImportlibResourcesConfigSource` (only Hydra's, its plugins' and tamrun's). They
+travel with Hydra's loader and its registry of sources to a sweep's workers (joblib, submitit and Ray
+pickle them by class, and the classes are tamrun's), so a job composed there is checked too. These are
+the places tamrun reaches into Hydra's internals (``hydra._internal``): the loader class
+`Hydra.create_main_hydra2` builds, and the ``file`` and ``pkg`` schemes of Hydra's registry of sources.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.core_plugins.file_config_source import FileConfigSource
-from hydra._internal.core_plugins.importlib_resources_config_source import ImportlibResourcesConfigSource
+from hydra._internal.core_plugins import file_config_source as hydra_file_source
+from hydra._internal.core_plugins import importlib_resources_config_source as hydra_package_source
 from hydra.plugins.config_source import ConfigResult
 
 from tamrun.config.trusted import check_composed, check_package, check_size, yaml_error, yaml_size
 
 
-class TrustedFileSource(FileConfigSource):
+class FileConfigSource(hydra_file_source.FileConfigSource):
     """Hydra's ``file://`` config source (the primary config's folder, ``--config-dir``,
     ``hydra.searchpath``), refusing a YAML file whose aliases expand past
-    `tamrun.config.trusted.MAX_CONFIG_NODES` or that yaml cannot read (a ``!!python/object`` tag)."""
+    `tamrun.config.trusted.MAX_CONFIG_NODES` or that yaml cannot read (a ``!!python/object`` tag).
+    It keeps the name of Hydra's class: Hydra's registry of sources compares names, and a sweep's
+    worker, which restores the registry and then registers Hydra's own sources, keeps this one."""
 
     def load_config(self, config_path: str) -> ConfigResult:
         import yaml
@@ -44,9 +47,9 @@ class TrustedFileSource(FileConfigSource):
             raise yaml_error(str(path), exc) from None
 
 
-class TrustedPackageSource(ImportlibResourcesConfigSource):
+class ImportlibResourcesConfigSource(hydra_package_source.ImportlibResourcesConfigSource):
     """Hydra's ``pkg://`` config source, refusing a package other than Hydra's, its plugins' or tamrun's
-    (`tamrun.config.trusted.check_package`) before it is imported."""
+    (`tamrun.config.trusted.check_package`) before it is imported (Hydra's class name kept, as above)."""
 
     def __init__(self, provider: str, path: str) -> None:
         super().__init__(provider, path)
@@ -54,13 +57,13 @@ class TrustedPackageSource(ImportlibResourcesConfigSource):
 
 
 def use_trusted_sources() -> None:
-    """Hydra reads ``file://`` and ``pkg://`` configs through `TrustedFileSource` and
-    `TrustedPackageSource` (once its plugins, which register Hydra's own sources, are loaded)."""
+    """Hydra reads ``file://`` and ``pkg://`` configs through this module's `FileConfigSource` and
+    `ImportlibResourcesConfigSource` (once its plugins, which register Hydra's own sources, are loaded)."""
     from hydra._internal.sources_registry import SourcesRegistry
     from hydra.core.plugins import Plugins
 
     Plugins.instance()
-    for source in (TrustedFileSource, TrustedPackageSource):
+    for source in (FileConfigSource, ImportlibResourcesConfigSource):
         SourcesRegistry.instance().types[source.scheme()] = source
 
 
@@ -77,7 +80,7 @@ class TrustedConfigLoader(ConfigLoaderImpl):
 
 
 def install() -> None:
-    """Hydra's next `hydra.main` composes with `TrustedConfigLoader` and `TrustedFileSource` (module doc)."""
+    """Hydra's next `hydra.main` composes with `TrustedConfigLoader` and this module's sources (module doc)."""
     from hydra._internal import hydra as hydra_app
 
     use_trusted_sources()
