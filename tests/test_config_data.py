@@ -122,8 +122,11 @@ CSV = csv_overrides(Path("d.csv"))
      "hydra.callbacks.redact_files._args_.0._target_='joblib.load': a config is data: nothing is instantiated"),
     (["+model.effects.sx.f={_target_: joblib.load, filename: evil.pkl, _partial_: true}"],
      "model.effects.sx.f._target_='joblib.load'"),
+    (["~hydra.callbacks.redact_files"], "hydra.callbacks.redact_files=None: tamrun's redaction of Hydra's files"),
     (["-m", "hydra.launcher._target_=joblib.load"], "hydra.launcher._target_='joblib.load'"),
     (["-m", "hydra.sweeper._target_=joblib.load"], "hydra.sweeper._target_='joblib.load'"),
+    (["-m", "hydra/sweeper=optuna", "hydra.sweeper.custom_search_space=joblib.load"],
+     "hydra.sweeper.custom_search_space='joblib.load': a config is data: a plugin would import and call"),
     (["hydra.job_logging.handlers.file.class=pandas.read_pickle"],
      "hydra.job_logging.handlers.file.class='pandas.read_pickle': not a handler of Hydra's own logging configs"),
     (["hydra.job_logging.handlers.file.filename=outputs/mlflow.db", "+hydra.job_logging.handlers.file.mode=w"],
@@ -141,7 +144,8 @@ CSV = csv_overrides(Path("d.csv"))
     (["-m", "hydra/launcher=ray_cluster", "+hydra.launcher.ray.init.runtime_env={pip: [evilpkg]}"],
      "hydra.launcher.ray.init.runtime_env.pip=['evilpkg']: a config is data: a launcher's runtime_env sets only"),
 ], ids=["read_pickle", "numpy_load", "joblib_load", "file_handler_on_the_store", "nested_in_a_callback",
-        "under_model", "launcher", "sweeper", "log_handler_class", "log_file_on_the_store", "ext_stream",
+        "under_model", "redaction_removed", "launcher", "sweeper", "search_space", "log_handler_class",
+        "log_file_on_the_store", "ext_stream",
         "python_resolver", "oc_decode", "unset_variable", "pkg_searchpath", "env_set", "ray_runtime_env"])
 def test_the_command_line_names_no_code(folder, args, key_value):
     refused(folder, [*args, *CSV], key_value)

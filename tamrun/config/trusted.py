@@ -48,6 +48,8 @@ SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
             "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper")
 SAMPLERS = tuple(f"optuna.samplers.{name}" for name in (
     "TPESampler", "RandomSampler", "CmaEsSampler", "NSGAIISampler", "MOTPESampler", "GridSampler"))
+# The callbacks no config may remove or change: Hydra's files and logs redacted (tamrun/process/hydra_files.py).
+KEPT_CALLBACKS = {"redact_files": CALLBACKS[0]}
 # Where a `_target_` may be (its mapping's key, ``*`` one name) and what it may name: nowhere else.
 TARGETS: Dict[Tuple[str, ...], Tuple[str, ...]] = {
     ("hydra", "callbacks", "*"): CALLBACKS,
@@ -55,6 +57,9 @@ TARGETS: Dict[Tuple[str, ...], Tuple[str, ...]] = {
     ("hydra", "sweeper"): SWEEPERS,
     ("hydra", "sweeper", "sampler"): SAMPLERS,
 }
+# Fields a plugin imports and calls by name besides `_target_` (optuna's sweeper: a function extending its
+# search space), and what they may name: nothing.
+TARGET_FIELDS: Dict[Tuple[str, ...], Tuple[str, ...]] = {("hydra", "sweeper", "custom_search_space"): ()}
 LOGGING = ("job_logging", "hydra_logging")  # the hydra node's dictConfig mappings
 # The handlers Hydra's own logging configs use (hydra/job_logging, hydra/hydra_logging), each with the
 # keys its constructor takes besides dictConfig's own (`HANDLER_KEYS`).
@@ -339,6 +344,28 @@ def check_runtime_env(path: Tuple[str, ...], runtime_env: Any) -> None:
         check_environment(path + (key,), value)
 
 
+def check_target_fields(tree: Dict[str, Any]) -> None:
+    """Refuse a field of `TARGET_FIELDS` set to a name it does not list."""
+    for path, allowed in TARGET_FIELDS.items():
+        node: Any = tree
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and node not in allowed:
+            raise ConfigError(dotted(path), node, "a config is data: a plugin would import and call what this names",
+                              f"remove {dotted(path)} (search spaces go in hydra.sweeper.params, docs/sweeps.md)")
+
+
+def check_callbacks(hydra: Dict[str, Any]) -> None:
+    """Refuse a composed Hydra config (one with ``hydra.runtime``) without `KEPT_CALLBACKS`."""
+    if "runtime" not in hydra:
+        return
+    for name, target in KEPT_CALLBACKS.items():
+        entry = (hydra.get("callbacks") or {}).get(name)
+        if not isinstance(entry, dict) or entry.get("_target_") != target:
+            raise ConfigError(f"hydra.callbacks.{name}", entry, "tamrun's redaction of Hydra's files and logs is "
+                              "not a config's to remove", f"keep hydra.callbacks.{name} as conf/config.yaml has it")
+
+
 def check_composed(cfg: Any) -> None:
     """Refuse a composed config (the ``hydra`` node included) that names code, a resolver or an unset
     variable tamrun does not allow, or that expands past `MAX_CONFIG_NODES` (module doc).
@@ -358,7 +385,9 @@ def check_composed(cfg: Any) -> None:
             check_runtime_env(path, value)
     size, where = config_size(tree)
     check_size(where, size, "the composed config")
+    check_target_fields(tree)
     hydra = tree.get("hydra") or {}
+    check_callbacks(hydra)
     check_environment(("hydra", "job", "env_set"), (hydra.get("job") or {}).get("env_set"))
     for name in LOGGING:
         if isinstance(hydra.get(name), dict):
