@@ -189,6 +189,12 @@ def test_what_tamrun_ships_passes(options):
         GlobalHydra.instance().clear()
 
 
+def test_hydra_s_help_composes_without_tamrun_s_primary_config_and_passes(tmp_path):
+    """``--hydra-help`` composes Hydra's own config alone (no job, no tamrun callback): not refused."""
+    done = tamrun(["--hydra-help"], tmp_path, {}, timeout=120)
+    assert done.returncode == 0 and "hydra/launcher" in done.stdout, done.stderr[-3000:]
+
+
 def test_the_size_limit_counts_what_aliases_and_references_expand_to():
     """A list of 8 aliases of a list of n values holds 1 + 8 n: 4 levels of the issue's file hold 42,807
     values with its keys and mappings (under the limit), 8 levels pass it at the 5th (line 9); a

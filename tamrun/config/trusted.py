@@ -356,8 +356,9 @@ def check_target_fields(tree: Dict[str, Any]) -> None:
 
 
 def check_callbacks(hydra: Dict[str, Any]) -> None:
-    """Refuse a composed Hydra config (one with ``hydra.runtime``) without `KEPT_CALLBACKS`."""
-    if "runtime" not in hydra:
+    """Refuse a job's composed config (``hydra.job.config_name`` set by Hydra: not ``--hydra-help``'s
+    composition of Hydra's own) without `KEPT_CALLBACKS`."""
+    if (hydra.get("job") or {}).get("config_name") is None:
         return
     for name, target in KEPT_CALLBACKS.items():
         entry = (hydra.get("callbacks") or {}).get(name)
