@@ -153,12 +153,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     from tamrun.config.load import config_dir
     from tamrun.config.store import register_configs
     from tamrun.errors import Abort
+    from tamrun.process.hydra_loader import install
     from tamrun.redact import redacted_output
     from tamrun.tracking.signals import exit_code
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     register_configs()
+    install()  # every composition checked before Hydra builds anything from it (a config is data)
     started: List[bool] = []
     failed: List[JobFailure] = []
 

@@ -2,9 +2,12 @@
 says: job n waits, as it starts, until the file ``go-<n>`` exists in ``folder`` (tests/test_team_cluster.py
 kills and restarts the tracking server between two jobs of a sweep, whatever the machine's speed):
 
-    +hydra.callbacks.gate._target_=job_gate.JobGate +hydra.callbacks.gate.folder=<folder>
+    python -c "import job_gate; job_gate.main()" -m ... +hydra.callbacks.gate._target_=job_gate.JobGate \
+        +hydra.callbacks.gate.folder=<folder>
 
-with this folder on PYTHONPATH. Nothing of tamrun, Hydra or MLflow is replaced: the jobs run as they do.
+with this folder on PYTHONPATH. `main` is ``python -m tamrun`` with this callback added, in its own process,
+to the callbacks tamrun's allow-list names (a config is data: tamrun/config/trusted.py refuses any other).
+Nothing of tamrun, Hydra or MLflow is replaced: the jobs run as they do.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 WAIT_S = 600  # a test that never opens the gate fails on its own deadline first
+GATE = "job_gate.JobGate"
+RUN = "import job_gate; job_gate.main()"  # ``python -c RUN <tamrun's arguments>``
 
 
 class JobGate(Callback):
@@ -35,3 +40,13 @@ def open_gate(folder: Path, job: int) -> None:
     """Let job ``job`` start."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"go-{job}").touch()
+
+
+def main() -> None:
+    """``python -m tamrun`` with the arguments after ``-c``, `GATE` allowed as a callback (module doc)."""
+    from tamrun.__main__ import main as tamrun_main
+    from tamrun.config import trusted
+
+    where = ("hydra", "callbacks", "*")
+    trusted.TARGETS[where] = (*trusted.TARGETS[where], GATE)
+    tamrun_main()

@@ -1,0 +1,405 @@
+"""A config is data: what of a composed config may name code, checked before Hydra instantiates anything.
+
+Hydra builds objects from a config: every ``_target_`` it instantiates (``hydra.callbacks``, the launcher,
+the sweeper and its sampler) and the classes and factories of ``logging.config.dictConfig``
+(``hydra.job_logging``, ``hydra.hydra_logging``: ``class``, ``()``, ``ext://`` values). A target given on
+the command line or in a ``--config-dir`` file (``+hydra.callbacks.x={_target_: pandas.read_pickle, ...}``)
+would run before tamrun's first line. `check_composed` walks the whole composed config, the ``hydra`` node
+included, before any of that, and refuses (a `ConfigError` naming the key and the value):
+
+- a ``_target_`` anywhere but where `TARGETS` allows it, or one not listed there (tamrun's callbacks, the
+  launchers and sweepers of docs/sweeps.md); tamrun instantiates nothing from the job's own fields;
+- a logging handler, formatter or filter other than Hydra's defaults (`LOG_HANDLERS`: a stream handler
+  on the terminal, a file handler on a ``.log`` file), an ``ext://`` value other than `LOG_STREAMS`;
+- an interpolation calling a resolver not in `RESOLVERS` (``${python:...}``, ``${oc.create:...}``), or
+  ``${oc.env:NAME}`` without a default for a variable that is not set;
+- a variable set for the job other than a tracking one (``hydra.job.env_set``, a Ray launcher's
+  ``runtime_env``: `check_environment`, `check_runtime_env`), and a ``pkg://`` config source of a package other than
+  `CONFIG_PACKAGES` (`check_package`: reading it imports it);
+- a config larger than `MAX_CONFIG_NODES` values once its references are expanded.
+
+`yaml_size` bounds a YAML file's aliases the same way before OmegaConf expands them (an alias bomb of
+3 KB, 8 levels of 8, is 19 million values); `yaml_error` names a YAML file Hydra could not read (a tag that would
+build an object, ``!!python/object``, is one: OmegaConf's loader is yaml's safe one). Hydra calls them
+through `tamrun.process.hydra_loader`.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any, Dict, Iterator, List, Tuple
+
+from tamrun.errors import ConfigError
+
+# The most values (mappings, lists and scalars, each alias and ${reference} counted as what it expands
+# to) one YAML file or one composed config may hold. tamrun's largest composed config has about 480.
+MAX_CONFIG_NODES = 100_000
+
+CALLBACKS = ("tamrun.process.hydra_files.RedactedHydraFiles", "tamrun.sweeps.sweep.SweepCallback")
+LAUNCHERS = (
+    "hydra._internal.core_plugins.basic_launcher.BasicLauncher",  # the default: one job after another
+    "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",  # hydra/launcher=parallel, joblib
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",  # slurm, submitit_slurm
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",  # submitit_local
+    "hydra_plugins.tamrun_ray_launcher.ray_cluster_launcher.RayClusterLauncher",  # ray_cluster (tamrun's)
+)
+SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+            "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper")
+SAMPLERS = tuple(f"optuna.samplers.{name}" for name in (
+    "TPESampler", "RandomSampler", "CmaEsSampler", "NSGAIISampler", "MOTPESampler", "GridSampler"))
+# The callbacks no config may remove or change: Hydra's files and logs redacted (tamrun/process/hydra_files.py).
+KEPT_CALLBACKS = {"redact_files": CALLBACKS[0]}
+# Where a `_target_` may be (its mapping's key, ``*`` one name) and what it may name: nowhere else.
+TARGETS: Dict[Tuple[str, ...], Tuple[str, ...]] = {
+    ("hydra", "callbacks", "*"): CALLBACKS,
+    ("hydra", "launcher"): LAUNCHERS,
+    ("hydra", "sweeper"): SWEEPERS,
+    ("hydra", "sweeper", "sampler"): SAMPLERS,
+}
+# Fields a plugin imports and calls by name besides `_target_` (optuna's sweeper: a function extending its
+# search space), and what they may name: nothing.
+TARGET_FIELDS: Dict[Tuple[str, ...], Tuple[str, ...]] = {("hydra", "sweeper", "custom_search_space"): ()}
+LOGGING = ("job_logging", "hydra_logging")  # the hydra node's dictConfig mappings
+# The handlers Hydra's own logging configs use (hydra/job_logging, hydra/hydra_logging), each with the
+# keys its constructor takes besides dictConfig's own (`HANDLER_KEYS`).
+LOG_HANDLERS = {"logging.StreamHandler": ("stream",),
+                "logging.FileHandler": ("filename", "mode", "encoding", "delay", "errors")}
+HANDLER_KEYS = ("class", "level", "formatter", "filters")
+FORMATTER_KEYS = ("format", "datefmt", "style", "validate")  # logging.Formatter's: no class, no factory
+FILTER_KEYS = ("name",)  # logging.Filter's: no factory
+LOG_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
+LOG_FILE_SUFFIX = ".log"  # a file handler writes a log, never the tracking store or a data file
+LOG_FILE_MODES = ("a", "w")
+# Interpolations into the logging mappings: the two Hydra's default file handler names its file with.
+LOG_REFERENCES = ("hydra.runtime.output_dir", "hydra.job.name")
+# The packages a ``pkg://`` config source may read (importing them): Hydra's, its plugins' and tamrun's.
+CONFIG_PACKAGES = ("hydra", "hydra_plugins", "tamrun")
+RESOLVERS = ("now", "oc.env", "hydra")
+ENV_PREFIXES = ("MLFLOW_", "TAMRUN_")  # the variables a config may set for its jobs: tracking's (docs/scale.md)  # Hydra's ${now:...} and ${hydra:...}, OmegaConf's ${oc.env:...}
+
+SEE = "docs/reliability.md, 'A config is data'"
+
+
+def targets_at(path: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The targets a mapping at ``path`` may name (none outside `TARGETS`)."""
+    for where, allowed in TARGETS.items():
+        if len(where) == len(path) and all(w in ("*", p) for w, p in zip(where, path)):
+            return allowed
+    return ()
+
+
+def dotted(path: Tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in path)
+
+
+def walk(node: Any, path: Tuple[Any, ...] = ()) -> Iterator[Tuple[Tuple[Any, ...], Any]]:
+    """Every (path, value) of a plain container tree, mappings and lists included, parents first."""
+    stack = [(path, node)]
+    while stack:
+        where, value = stack.pop()
+        yield where, value
+        if isinstance(value, dict):
+            stack.extend((where + (key,), child) for key, child in value.items())
+        elif isinstance(value, list):
+            stack.extend((where + (index,), child) for index, child in enumerate(value))
+
+
+def check_target(path: Tuple[Any, ...], node: Dict[str, Any]) -> None:
+    """Refuse the ``_target_`` of the mapping at ``path`` unless `TARGETS` lists it there."""
+    target = node["_target_"]
+    allowed = targets_at(tuple(str(part) for part in path))
+    if target in allowed:
+        return
+    key = dotted(path + ("_target_",))
+    if not allowed:
+        raise ConfigError(key, target, "a config is data: nothing is instantiated here",
+                          f"remove {key}; tamrun builds only its own callbacks, launchers and sweepers ({SEE})")
+    raise ConfigError(key, target, "not one of the targets tamrun ships for this key (a config is data)",
+                      f"use one of: {', '.join(allowed)}; the options of docs/sweeps.md set them")
+
+
+def check_value(path: Tuple[Any, ...], value: str) -> None:
+    """Refuse an interpolation that calls a resolver other than `RESOLVERS` or reads an unset variable."""
+    if "${" not in value:
+        return
+    from omegaconf.errors import GrammarParseError
+
+    key = dotted(path)
+    try:
+        calls = interpolations(value)[0]
+    except GrammarParseError as exc:
+        raise ConfigError(key, value, f"not a valid interpolation ({str(exc).splitlines()[0]})",
+                          "write ${other.key} or ${oc.env:NAME,default}, or escape the $ as \\${") from None
+    for name, arguments in calls:
+        if name not in RESOLVERS:
+            raise ConfigError(key, value, f"the resolver '{name}' is not one of tamrun's ({', '.join(RESOLVERS)}): "
+                              "a config is data", f"write the value itself ({SEE})")
+        if name == "oc.env" and len(arguments) == 1 and "${" not in arguments[0] \
+                and arguments[0] not in os.environ:
+            raise ConfigError(key, value, f"the environment variable {arguments[0]} is not set",
+                              f"export {arguments[0]}=<value>, or give a default: ${{oc.env:{arguments[0]},<default>}}")
+
+
+@lru_cache(maxsize=1024)
+def interpolations(value: str) -> Tuple[Tuple[Tuple[str, Tuple[str, ...]], ...], Tuple[str, ...]]:
+    """(every resolver call of a value, nested ones too: its name and its arguments' texts; the keys its
+    ``${key}`` interpolations name), from OmegaConf's own parser, once per distinct value.
+
+    Raises:
+        GrammarParseError: the value is not a valid interpolation.
+    """
+    if "${" not in value:
+        return (), ()
+    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as Grammar
+    from omegaconf.grammar_parser import parse
+
+    calls, keys, stack = [], [], [parse(value)]
+    while stack:
+        context = stack.pop()
+        if isinstance(context, Grammar.InterpolationResolverContext):
+            sequence = context.sequence()
+            arguments = tuple(element.getText() for element in sequence.element()) if sequence else ()
+            calls.append((context.resolverName().getText(), arguments))
+        elif isinstance(context, Grammar.InterpolationNodeContext):
+            keys.append(context.getText()[2:-1])
+        stack.extend(context.getChildren() if hasattr(context, "getChildren") else ())
+    return tuple(calls), tuple(keys)
+
+
+def check_logging(path: Tuple[str, ...], config: Dict[str, Any], job_name: str) -> None:
+    """Refuse, in one dictConfig mapping, a handler, formatter or filter other than Hydra's defaults
+    (`LOG_HANDLERS`, `FORMATTER_KEYS`, `FILTER_KEYS`), a log file not named ``*.log`` and any value that
+    would make logging import something (``ext://``, ``cfg://``) other than `LOG_STREAMS`."""
+    for section in ("handlers", "formatters", "filters"):
+        for name, entry in (config.get(section) or {}).items():
+            if not isinstance(entry, dict):
+                continue
+            where = path + (section, str(name))
+            allowed = handler_keys(where, entry) if section == "handlers" else \
+                FORMATTER_KEYS if section == "formatters" else FILTER_KEYS
+            for key in entry:
+                if key not in allowed:
+                    raise ConfigError(dotted(where + (key,)), entry[key], f"not a key of this logging {section[:-1]} "
+                                      "as Hydra's own logging configs write it (a config is data)",
+                                      f"use only {', '.join(allowed)} ({SEE})")
+    for where, value in walk(config, path):
+        if isinstance(value, str):
+            check_log_text(where, value, job_name)
+
+
+def handler_keys(where: Tuple[str, ...], entry: Dict[str, Any]) -> Tuple[str, ...]:
+    """The keys the logging handler ``entry`` may have; refuses its class unless `LOG_HANDLERS` lists it,
+    and a file handler's file unless it is a log (`LOG_FILE_SUFFIX`, `LOG_FILE_MODES`)."""
+    handler = entry.get("class")
+    if handler not in LOG_HANDLERS:
+        raise ConfigError(dotted(where + ("class",)), handler, "not a handler of Hydra's own logging configs "
+                          "(a config is data)", f"use one of: {', '.join(LOG_HANDLERS)} ({SEE})")
+    filename, mode = str(entry.get("filename", LOG_FILE_SUFFIX)), entry.get("mode", "a")
+    if not filename.endswith(LOG_FILE_SUFFIX):
+        raise ConfigError(dotted(where + ("filename",)), filename, "a log handler writes only a file named "
+                          f"*{LOG_FILE_SUFFIX} (never the tracking store or a data file)",
+                          f"name a log file ending in {LOG_FILE_SUFFIX}, e.g. ${{hydra.runtime.output_dir}}/run.log")
+    if mode not in LOG_FILE_MODES:
+        raise ConfigError(dotted(where + ("mode",)), mode, "not a mode a log file is written with",
+                          f"use one of: {', '.join(LOG_FILE_MODES)}")
+    return HANDLER_KEYS + LOG_HANDLERS[handler]
+
+
+def check_log_text(where: Tuple[str, ...], value: str, job_name: str) -> None:
+    """Refuse a logging value that interpolates anything but `LOG_REFERENCES`, or that is (or becomes)
+    an ``ext://``/``cfg://`` reference other than `LOG_STREAMS`: logging would import what it names."""
+    key = dotted(where)
+    calls, keys = interpolations(value)
+    for name in keys + tuple(name for name, _ in calls):
+        if name not in LOG_REFERENCES:
+            raise ConfigError(key, value, f"a logging value may interpolate only {' and '.join(LOG_REFERENCES)}",
+                              f"write the value itself ({SEE})")
+    if "hydra.job.name" in keys and not job_name.replace("-", "_").replace(".", "_").isidentifier():
+        raise ConfigError("hydra.job.name", job_name, f"a job name that {key} interpolates is a plain name",
+                          "use letters, digits, '_', '-' and '.', e.g. hydra.job.name=tamrun")
+    text = value.replace("${hydra.runtime.output_dir}", "/").replace("${hydra.job.name}", job_name)
+    if text.startswith(("ext://", "cfg://")) and text not in LOG_STREAMS:
+        raise ConfigError(key, value, "logging would import what this names (a config is data)",
+                          f"use one of: {', '.join(LOG_STREAMS)}")
+
+
+def graph_size(root: Any, edges: Any, key: Any, limit: int = MAX_CONFIG_NODES) -> Tuple[int, Any]:
+    """(the values under ``root``, ``root``) of a graph whose shared nodes (YAML aliases, ${references})
+    count once per use: each node is 1 plus what its ``edges(node)`` count, a node met again on its own
+    path (a cycle) 1. Memoized on ``key(node)``, without recursion; it stops as soon as a node passes
+    ``limit``: (its size, that node)."""
+    sizes: Dict[Any, int] = {}
+    entered: Dict[Any, List[Any]] = {}
+    stack: List[Tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        name = key(node)
+        if name in sizes:
+            continue
+        if ready:
+            sizes[name] = 1 + sum(sizes.get(key(edge), 1) for edge in entered[name])
+            if sizes[name] > limit:
+                return sizes[name], node
+        elif name not in entered:
+            entered[name] = list(edges(node))
+            stack.append((node, True))
+            stack.extend((edge, False) for edge in entered[name])
+    return sizes.get(key(root), 1), root
+
+
+def config_size(tree: Dict[str, Any]) -> Tuple[int, str]:
+    """`graph_size` of a plain config tree: a ${reference} counts as the value it names (``${a}`` to a
+    list of 8 is 9 values), so that references of references (a bomb of interpolations) are measured as
+    OmegaConf would expand them."""
+
+    def lookup(path: Tuple[str, ...]) -> Any:
+        node: Any = tree
+        for part in path:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    def edges(path: Tuple[str, ...]) -> List[Tuple[str, ...]]:
+        node = lookup(path)
+        if isinstance(node, dict):
+            return [path + (str(name),) for name in node]
+        if isinstance(node, list):
+            return [path + (str(index),) for index in range(len(node))]
+        return [reference_path(path, name) for name in interpolations(node)[1]] if isinstance(node, str) else []
+
+    size, path = graph_size((), edges, lambda path: path)
+    return size, dotted(path) or "config"
+
+
+def reference_path(path: Tuple[str, ...], name: str) -> Tuple[str, ...]:
+    """The path ``${name}`` names from the value at ``path`` (``.x`` a sibling, ``..x`` its parent's)."""
+    dots = len(name) - len(name.lstrip("."))
+    base = path[:len(path) - dots] if dots else ()
+    return base + tuple(part for part in name.lstrip(".").replace("[", ".").replace("]", "").split(".") if part)
+
+
+def yaml_size(text: str) -> Tuple[int, str]:
+    """(the values a YAML text holds once its aliases are expanded, the line where the first value
+    past `MAX_CONFIG_NODES` starts): `graph_size` of yaml's node graph, which shares an alias's node
+    (composing it is linear in the text). Text without an anchor (``&``) holds no alias: (0, "")."""
+    if "&" not in text:
+        return 0, ""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    root = yaml.compose(text, Loader=get_yaml_loader())
+
+    def edges(node: Any) -> List[Any]:
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    if root is None:
+        return 0, ""
+    size, node = graph_size(root, edges, id)
+    return size, f"line {node.start_mark.line + 1}"
+
+
+def check_size(where: str, size: int, what: str) -> None:
+    if size > MAX_CONFIG_NODES:
+        raise ConfigError(where, f"more than {MAX_CONFIG_NODES:,} values", f"{what} expands past tamrun's limit "
+                          "(MAX_CONFIG_NODES, tamrun/config/trusted.py): YAML aliases or ${references} nested in "
+                          "each other", "write the values out, without nesting aliases or references in each other")
+
+
+def check_package(path: str) -> None:
+    """Refuse a ``pkg://`` config source (``hydra.searchpath``) whose package is not in
+    `CONFIG_PACKAGES`: Hydra imports a package to read its configs."""
+    if path.split(".")[0] not in CONFIG_PACKAGES:
+        raise ConfigError("hydra.searchpath", f"pkg://{path}", "a config is data: reading configs from a package "
+                          "imports it", "put the configs in a folder: --config-dir <folder> or "
+                          "hydra.searchpath=[file://<folder>]")
+
+
+def check_environment(path: Tuple[str, ...], variables: Any) -> None:
+    """Refuse a variable a config sets for its jobs (``hydra.job.env_set``, a Ray launcher's
+    ``runtime_env.env_vars``) unless it is a tracking variable (`ENV_PREFIXES`): another (LD_PRELOAD,
+    PATH, GIT_CONFIG_GLOBAL, PYTHONSTARTUP, ...) can make a program the job starts run code."""
+    for name, value in (variables or {}).items():
+        if not str(name).startswith(ENV_PREFIXES):
+            raise ConfigError(dotted(path + (name,)), value, "a config is data: the variables it sets for a job are "
+                              f"tracking variables only ({', '.join(p + '*' for p in ENV_PREFIXES)})",
+                              f"export {name} in the shell that starts tamrun")
+
+
+def check_runtime_env(path: Tuple[str, ...], runtime_env: Any) -> None:
+    """Refuse in a Ray launcher's ``runtime_env`` anything but ``env_vars`` (``pip``, ``py_modules``,
+    ``working_dir``, ``worker_process_setup_hook``, ... install or run code on the nodes), and those
+    unless `check_environment` allows them."""
+    for key, value in (runtime_env or {}).items():
+        if key != "env_vars":
+            raise ConfigError(dotted(path + (key,)), value, "a config is data: a launcher's runtime_env sets only "
+                              "env_vars (this installs or runs code on the nodes)",
+                              "install tamrun and its dependencies on the cluster's nodes (docs/scale.md)")
+        check_environment(path + (key,), value)
+
+
+def check_target_fields(tree: Dict[str, Any]) -> None:
+    """Refuse a field of `TARGET_FIELDS` set to a name it does not list."""
+    for path, allowed in TARGET_FIELDS.items():
+        node: Any = tree
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and node not in allowed:
+            raise ConfigError(dotted(path), node, "a config is data: a plugin would import and call what this names",
+                              f"remove {dotted(path)} (search spaces go in hydra.sweeper.params, docs/sweeps.md)")
+
+
+def check_callbacks(hydra: Dict[str, Any]) -> None:
+    """Refuse a job's composed config (``hydra.job.config_name`` set by Hydra: not ``--hydra-help``'s
+    composition of Hydra's own) without `KEPT_CALLBACKS`."""
+    if (hydra.get("job") or {}).get("config_name") is None:
+        return
+    for name, target in KEPT_CALLBACKS.items():
+        entry = (hydra.get("callbacks") or {}).get(name)
+        if not isinstance(entry, dict) or entry.get("_target_") != target:
+            raise ConfigError(f"hydra.callbacks.{name}", entry, "tamrun's redaction of Hydra's files and logs is "
+                              "not a config's to remove", f"keep hydra.callbacks.{name} as conf/config.yaml has it")
+
+
+def check_composed(cfg: Any) -> None:
+    """Refuse a composed config (the ``hydra`` node included) that names code, a resolver or an unset
+    variable tamrun does not allow, or that expands past `MAX_CONFIG_NODES` (module doc).
+
+    Raises:
+        ConfigError: the key and its value, what is refused and the fix.
+    """
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    for path, value in walk(tree):
+        if isinstance(value, dict) and "_target_" in value:
+            check_target(path, value)
+        elif isinstance(value, str):
+            check_value(path, value)
+        if path[:2] == ("hydra", "launcher") and path[-1] == "runtime_env" and isinstance(value, dict):
+            check_runtime_env(path, value)
+    size, where = config_size(tree)
+    check_size(where, size, "the composed config")
+    check_target_fields(tree)
+    hydra = tree.get("hydra") or {}
+    check_callbacks(hydra)
+    check_environment(("hydra", "job", "env_set"), (hydra.get("job") or {}).get("env_set"))
+    for name in LOGGING:
+        if isinstance(hydra.get(name), dict):
+            check_logging(("hydra", name), hydra[name], str((hydra.get("job") or {}).get("name")))
+
+
+def yaml_error(where: str, error: Exception) -> ConfigError:
+    """The `ConfigError` of a YAML file (``where``) yaml could not read: a tag that would build an object
+    (``!!python/object``) or a syntax error, with the line yaml names."""
+    mark = getattr(error, "problem_mark", None)
+    line = f" (line {mark.line + 1})" if mark is not None else ""
+    problem = str(getattr(error, "problem", None) or error).splitlines()[0]
+    return ConfigError(where, f"YAML{line}", f"not a YAML file tamrun reads: {problem} (a config is data: no "
+                       "tag builds an object)", "write plain values (mappings, lists, strings, numbers)")

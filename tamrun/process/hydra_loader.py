@@ -1,0 +1,87 @@
+"""Hydra's compositions checked before Hydra builds anything from them (`tamrun.config.trusted`).
+
+Hydra composes a command's config (`ConfigLoaderImpl.load_configuration`: the run's, a multirun's, each
+sweep job's) and right after it configures logging from ``hydra.hydra_logging``, instantiates
+``hydra.callbacks`` and, in a multirun, the sweeper and the launcher. `install`, called by the entry
+point before ``hydra.main`` runs, makes Hydra compose with `TrustedConfigLoader`, whose composition ends
+with `tamrun.config.trusted.check_composed`, and read configs through this module's sources: YAML files
+with `FileConfigSource` (a file's aliases measured before OmegaConf expands them, a file yaml cannot read
+named), packages with `ImportlibResourcesConfigSource` (only Hydra's, its plugins' and tamrun's). They
+travel with Hydra's loader and its registry of sources to a sweep's workers (joblib, submitit and Ray
+pickle them by class, and the classes are tamrun's), so a job composed there is checked too. These are
+the places tamrun reaches into Hydra's internals (``hydra._internal``): the loader class
+`Hydra.create_main_hydra2` builds, and the ``file`` and ``pkg`` schemes of Hydra's registry of sources.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins import file_config_source as hydra_file_source
+from hydra._internal.core_plugins import importlib_resources_config_source as hydra_package_source
+from hydra.plugins.config_source import ConfigResult
+
+from tamrun.config.trusted import check_composed, check_package, check_size, yaml_error, yaml_size
+
+
+class FileConfigSource(hydra_file_source.FileConfigSource):
+    """Hydra's ``file://`` config source (the primary config's folder, ``--config-dir``,
+    ``hydra.searchpath``), refusing a YAML file whose aliases expand past
+    `tamrun.config.trusted.MAX_CONFIG_NODES` or that yaml cannot read (a ``!!python/object`` tag).
+    It keeps the name of Hydra's class: Hydra's registry of sources compares names, and a sweep's
+    worker, which restores the registry and then registers Hydra's own sources, keeps this one."""
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        import yaml
+
+        path = Path(os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path))))
+        try:
+            if path.is_file():
+                size, line = yaml_size(path.read_text(encoding="utf-8", errors="replace"))
+                check_size(f"{path} {line}", size, "this YAML file")
+            return super().load_config(config_path)
+        except yaml.YAMLError as exc:
+            raise yaml_error(str(path), exc) from None
+
+
+class ImportlibResourcesConfigSource(hydra_package_source.ImportlibResourcesConfigSource):
+    """Hydra's ``pkg://`` config source, refusing a package other than Hydra's, its plugins' or tamrun's
+    (`tamrun.config.trusted.check_package`) before it is imported (Hydra's class name kept, as above)."""
+
+    def __init__(self, provider: str, path: str) -> None:
+        super().__init__(provider, path)
+        check_package(self.path)
+
+
+def use_trusted_sources() -> None:
+    """Hydra reads ``file://`` and ``pkg://`` configs through this module's `FileConfigSource` and
+    `ImportlibResourcesConfigSource` (once its plugins, which register Hydra's own sources, are loaded)."""
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()
+    for source in (FileConfigSource, ImportlibResourcesConfigSource):
+        SourcesRegistry.instance().types[source.scheme()] = source
+
+
+class TrustedConfigLoader(ConfigLoaderImpl):
+    """Hydra's config loader, whose every composition is checked (`check_composed`) before it returns."""
+
+    def load_configuration(self, config_name: Optional[str], overrides: List[str], run_mode: Any,
+                           from_shell: bool = True, validate_sweep_overrides: bool = True) -> Any:
+        use_trusted_sources()  # again in a sweep's worker, which unpickled this loader
+        cfg = super().load_configuration(config_name, overrides, run_mode, from_shell=from_shell,
+                                         validate_sweep_overrides=validate_sweep_overrides)
+        check_composed(cfg)
+        return cfg
+
+
+def install() -> None:
+    """Hydra's next `hydra.main` composes with `TrustedConfigLoader` and this module's sources (module doc)."""
+    from hydra._internal import hydra as hydra_app
+
+    use_trusted_sources()
+    hydra_app.ConfigLoaderImpl = TrustedConfigLoader
