@@ -180,11 +180,3 @@ def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
         if column not in frame.columns:
             raise DataError(field, column, "no such column in the data", f"use one of: {excerpt(frame.columns)}")
 
-
-def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
-    """Check that every configured column holds numbers."""
-    for field, column in columns.items():
-        if not pd.api.types.is_numeric_dtype(frame[column]):
-            example = frame[column].iloc[0]
-            raise DataError(field, column, f"the column is not numeric (e.g. {example!r})",
-                            "choose a numeric column, or derive one in data.derived")
