@@ -9,6 +9,7 @@ into real sqlite stores; the streamed reader (`tamrun.data.scan`, a chunk's `rea
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,20 @@ def test_a_control_character_in_a_number_is_quoted_escaped_with_its_row(characte
     assert frame.loc[0, "x"] not in line
 
 
+@pytest.mark.parametrize("row, line", [(1500, 1502), (0, 2)])
+def test_a_date_of_a_megabyte_is_refused_without_being_parsed(row, line, tmp_path, migrated_store, monkeypatch,
+                                                             capsys):
+    """pandas' date parsers took minutes on a 1 MB value (the first: its format guessed from it)."""
+    frame = two_groups()
+    frame["date"] = frame["date"].dt.strftime("%Y-%m-%d")
+    frame.loc[row, "date"] = "2" * 1_000_000
+    path = tmp_path / "data.csv"
+    frame.to_csv(path, index=False)
+    refused(path, tmp_path, migrated_store, monkeypatch, capsys,
+            f"data.date_column='date': the value '{'2' * 40}'... (1000000 characters) at line {line} of the file is "
+            "not a date in the format tried")
+
+
 @pytest.mark.parametrize("kind", ["csv", "parquet"])
 @pytest.mark.parametrize("value", [1.7e308, -1e300, 2e15])
 def test_a_value_beyond_the_largest_magnitude_names_column_row_and_bound(kind, value, tmp_path, migrated_store,
@@ -198,22 +213,22 @@ def partitioned(tmp_path: Path, extra: dict) -> Path:
     two_groups().to_parquet(folder, partition_cols=["g"], index=False)
     for name, content in extra.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(content)
+        os.mkfifo(folder / name) if content is None else (folder / name).write_bytes(content)
     return folder
 
 
 @pytest.mark.parametrize("extra", [{"README.txt": b"about this data\n"}, {"_SUCCESS": b""},
                                    {"g=a/.part-0.parquet.crc": b"crc\x00junk"}, {"g=b/empty.parquet": b""},
-                                   {"_common_metadata": b"PAR1\x00\x00PAR1"}],
-                         ids=["README.txt", "_SUCCESS", ".crc", "empty file", "_common_metadata"])
+                                   {"_common_metadata": b"PAR1\x00\x00PAR1"}, {"g=a/more.parquet": None}],
+                         ids=["README.txt", "_SUCCESS", ".crc", "empty file", "_common_metadata", "FIFO"])
 def test_files_that_are_not_parquet_data_in_a_folder_are_ignored_and_named(extra, tmp_path, migrated_store,
                                                                              monkeypatch, capsys):
     folder = partitioned(tmp_path, extra)
     code, output, status = ran(folder, tmp_path, migrated_store, monkeypatch, capsys)
     assert code == 0 and status == "FINISHED", output[-3000:]
     (name,) = extra
-    assert f"ignoring 1 file(s) of the Parquet folder {folder} (not Parquet, empty, or named with a leading '.' " \
-           f"or '_'): {name}" in output
+    assert f"ignoring 1 file(s) of the Parquet folder {folder} (not Parquet, empty, not a regular file, or named " \
+           f"with a leading '.' or '_'): {name}" in output
 
 
 @pytest.mark.parametrize("content, problem", [(b"PAR1" + bytes(40), "a Parquet file cut short (no PAR1 footer)"),

@@ -21,9 +21,13 @@ import pandas as pd
 from pandas.tseries.api import guess_datetime_format
 
 from tamrun.config.schema import DataConfig, NanPolicy
+from tamrun.data.cells import quoted
 from tamrun.errors import DataError
 
 ISO = "ISO8601"  # pandas' format for any ISO 8601 date (with or without time, fraction, offset)
+# Characters of the longest text read as a date ('2024-03-31T03:00:00.123456789+02:00' has 35): a longer
+# value is not one, and is refused without being parsed (pandas' parsers take minutes on a 1 MB value).
+LONGEST_DATE = 64
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,9 @@ class DateFormat:
         """``data.date_format``, else the format of ``first``, the file's first date."""
         if cfg.date_format:
             return cls(cfg.date_format, "data.date_format")
-        chosen = f"read from the first date {first!r} with data.dayfirst={str(cfg.dayfirst).lower()}"
+        chosen = f"read from the first date {quoted(first)} with data.dayfirst={str(cfg.dayfirst).lower()}"
+        if len(first) > LONGEST_DATE:
+            return cls(None, chosen, cfg.dayfirst)
         if year_first(first):  # ISO 8601, never day first
             return cls(ISO, chosen)
         return cls(guess_format(first, cfg.dayfirst), chosen, cfg.dayfirst)
@@ -99,7 +105,7 @@ def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy,
         frame, text = frame[~blank.to_numpy()], text[~blank.to_numpy()]
     with warnings.catch_warnings():  # pandas warns when it reads each value apart (no format)
         warnings.simplefilter("ignore")
-        dates = pd.to_datetime(text.astype(object), utc=True, format=form.format, dayfirst=form.dayfirst,
+        dates = pd.to_datetime(text.mask(text.str.len() > LONGEST_DATE).astype(object), utc=True, format=form.format, dayfirst=form.dayfirst,
                                errors="coerce")
     if dates.isna().any():
         raise unparsed(column, text, dates.isna(), form)
@@ -112,7 +118,10 @@ def year_first(value: str) -> bool:
 
 
 def own_formats(value: str) -> List[str]:
-    """The formats ``value`` may be written in: day first, then month first when it reads both ways."""
+    """The formats ``value`` may be written in: day first, then month first when it reads both ways (none for
+    a value longer than `LONGEST_DATE`)."""
+    if len(value) > LONGEST_DATE:
+        return []
     guesses = [guess_format(value, False)] if year_first(value) else [guess_format(value, True),
                                                                       guess_format(value, False)]
     return [f for f in dict.fromkeys(guesses) if f]
@@ -122,7 +131,7 @@ def unparsed(column: str, text: pd.Series, failed: pd.Series, form: DateFormat) 
     """The error naming the first value ``form`` does not fit, its line in the file and the settings."""
     where = failed.idxmax()
     value = str(text.loc[where])
-    problem = (f"the value {value!r} at line {int(where) + 2} of the file is not a date in the format tried "
+    problem = (f"the value {quoted(value)} at line {int(where) + 2} of the file is not a date in the format tried "
                f"({form.describe()})")
     owns = [f for f in own_formats(value) if f != form.format]
     if len(owns) == 2:

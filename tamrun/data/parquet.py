@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
@@ -44,8 +45,11 @@ IGNORED_PREFIXES = (".", "_")  # names pyarrow skips in a folder: _SUCCESS, _met
 
 def parquet_state(path: str) -> str:
     """What the file at ``path`` is by its bytes: ``parquet`` (``PAR1`` at both ends), ``cut`` (``PAR1`` at
-    the start only: a write cut short), ``empty`` (no bytes, or it cannot be opened) or ``other``."""
+    the start only: a write cut short), ``empty`` (no bytes, or it cannot be opened), ``special`` (not a
+    regular file: a FIFO is never opened, opening it would wait for a writer) or ``other``."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return "special"
         with open(path, "rb") as file:
             head = file.read(len(PARQUET_MAGIC))
             if head != PARQUET_MAGIC:
@@ -65,7 +69,8 @@ def is_parquet(path: Path) -> bool:
 
 def folder_files(folder: Path, field: str = "data.path") -> List[str]:
     """The Parquet files of a folder (its sub-folders included), by their content. Skipped, and logged: the
-    names pyarrow skips (`IGNORED_PREFIXES`), empty files and files that are not Parquet (a README.txt); a
+    names pyarrow skips (`IGNORED_PREFIXES`), empty files, files that are not Parquet (a README.txt) and
+    what is not a regular file (a FIFO, a device); a
     `DataError` naming a Parquet file cut short, or a file named as Parquet that is not one (their rows
     would be lost)."""
     files, ignored = [], []
@@ -80,8 +85,8 @@ def folder_files(folder: Path, field: str = "data.path") -> List[str]:
                                 "rewrite the file, or remove it from the folder")
             (files if state == "parquet" else ignored).append(path)
     if ignored:
-        log.warning("ignoring %d file(s) of the Parquet folder %s (not Parquet, empty, or named with a leading '.' "
-                    "or '_'): %s", len(ignored), folder,
+        log.warning("ignoring %d file(s) of the Parquet folder %s (not Parquet, empty, not a regular file, or named "
+                    "with a leading '.' or '_'): %s", len(ignored), folder,
                     ", ".join(os.path.relpath(path, folder) for path in ignored[:EXCERPT_NAMES]))
     return files
 
