@@ -22,6 +22,7 @@ from tamrun.config.effects import effect_columns
 from tamrun.config.schema import (AdaptiveMethod, CheckPolicy, Config, DataConfig, DType, ModeName, PenaltyMode,
                                   TrackingConfig)
 from tamrun.data.batch import GroupedBatch, build_batch
+from tamrun.data.cells import check_magnitudes
 from tamrun.data.chunks import GroupChunk
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, check_target_outliers,
@@ -79,8 +80,9 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     frame = loaded.frame
     room("deriving and checking the data", "check", frame_bytes(frame))
     frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin)
-    check_table(frame, numeric, {"data.group": data.group} if data.group else {})
+    check_table(frame, numeric, data.group, data.date_column)
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
+    check_magnitudes(frame, {f: c for f, c in numeric.items() if f != "data.target"}, data.date_column, data.group)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
     check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates)
     frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)

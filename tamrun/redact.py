@@ -43,12 +43,16 @@ NOT_SECRET = frozenset({"PWD", "OLDPWD"})
 _SECRET_WORD = (r"(?:passw(?:or)?d|pwd|secret|token|credentials?|api[_-]?key|apikey|access[_-]?key|"
                 r"private[_-]?key|account[_-]?key|signature|connection[_-]?string|sas)")
 _SECRET_NAME = re.compile(rf"(?i)(?:^|[_.-]){_SECRET_WORD}(?:$|[_.-])|^(?:key|sig|pass)$|{_SECRET_WORD}$")
-# scheme://user:password@ : the password runs to the last '@' before whitespace or a quote. One '/' is
-# enough: a path's normalisation (pathlib) writes s3://u:pw@b as s3:/u:pw@b; a ':' may be escaped, as Hydra
-# writes an override's value (http\://u\:pw@h) and JSON that value again (http\\://u\\:pw@h).
-_URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\*:/+[^:/@\s'\"\\]*)(?P<sep>\\*:)(?P<secret>[^\s'\"]*)@")
+# scheme://user:password@ : the password runs to the last '@' before whitespace or a quote, within
+# `LONGEST_URI_SECRET` characters. One '/' is enough: a path's normalisation (pathlib) writes s3://u:pw@b as
+# s3:/u:pw@b; a ':' may be escaped, as Hydra writes an override's value (http\://u\:pw@h) and JSON that value
+# again (http\\://u\\:pw@h). (A scheme's and a password's lengths are bounded: each position of a long text is
+# tried a bounded number of times, so that a 1 MB value is redacted in linear time.)
+LONGEST_URI_SECRET = 256
+_URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]{0,31}\\*:/+[^:/@\s'\"\\]*)(?P<sep>\\*:)"
+                           rf"(?P<secret>[^\s'\"]{{0,{LONGEST_URI_SECRET}}})@")
 # scheme://user@ : a user alone, masked when it is a token (`looks_like_credential`).
-_URI_USER = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*\\*:/+)(?P<user>[^:/@\s'\"\\]+)@")
+_URI_USER = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]{0,31}\\*:/+)(?P<user>[^:/@\s'\"\\]+)@")
 # Prefixes of the tokens services issue (GitHub, GitLab, Slack, OpenAI/Stripe, AWS key ids, Google, npm,
 # PyPI, Hugging Face): such a word is a credential whatever its length.
 _TOKEN_PREFIX = re.compile(r"(?:gh[pousr]_|github_pat_|glpat-|xox[abposr]-|sk-|sk_live_|rk_live_|AKIA|ASIA|AIza|"
@@ -58,10 +62,10 @@ SHORTEST_TOKEN = 16  # characters: a longer word a quarter of whose characters a
 # A password hash as crypt(3) writes it (/etc/shadow: $1$, $5$, $6$, $y$ yescrypt, $2b$ bcrypt, $argon2id$, ...).
 _CRYPT_HASH = re.compile(r"\$(?:1|2[abxy]?|5|6|7|y|gy|sha1|md5|argon2(?:id|i|d)?|scrypt|pbkdf2[\w-]*)\$[^\s:,;'\"]+")
 # ?name=value or &name=value: a URI's query parameter.
-_QUERY = re.compile(r"(?P<head>[?&;](?P<name>[^=&#;\s]+)=)(?P<value>[^&#;\s'\"]*)")
+_QUERY = re.compile(r"(?P<head>[?&;](?P<name>[^=&#;?\s]+)=)(?P<value>[^&#;\s'\"]*)")
 # name=value or name: value where the name is secret (environment lines, YAML, JSON, messages); not a URI's
 # scheme (``https://``).
-_ASSIGNED = re.compile(r"(?<![A-Za-z0-9_.])(?P<name>[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>\"?[ \t]*[=:](?!//)[ \t]*[\"']?)"
+_ASSIGNED = re.compile(r"(?<![A-Za-z0-9_.-])(?P<dashes>-*)(?P<name>[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>\"?[ \t]*[=:](?!//)[ \t]*[\"']?)"
                        r"(?P<value>[^\s&;,'\"\x00}\]]+)")
 
 
@@ -111,7 +115,7 @@ def redacted(text: str, environ: Optional[Mapping[str, str]] = None) -> str:
     text = _CRYPT_HASH.sub(MASK, text)
     text = _QUERY.sub(lambda m: f"{m.group('head')}{MASK}" if secret_name(m.group("name")) and m.group("value")
                       else m.group(0), text)
-    return _ASSIGNED.sub(lambda m: f"{m.group('name')}{m.group('sep')}{MASK}" if secret_name(m.group("name"))
+    return _ASSIGNED.sub(lambda m: f"{m.group('dashes')}{m.group('name')}{m.group('sep')}{MASK}" if secret_name(m.group("name"))
                          else m.group(0), text)
 
 

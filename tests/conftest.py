@@ -230,6 +230,17 @@ def store_uri(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+@pytest.fixture(scope="module")
+def migrated_store(tmp_path_factory) -> Path:
+    """An empty sqlite store with MLflow's tables and migrations done once (a fresh store costs seconds
+    of migrations; each case gets its own copy)."""
+    from tamrun.tracking.store.store import open_client
+
+    db = tmp_path_factory.mktemp("template") / "mlflow.db"
+    open_client(f"sqlite:///{db}", 60, 60)
+    return db
+
+
 @pytest.fixture
 def compose_cfg(store_uri: str) -> Callable[..., object]:
     """compose_cfg(*overrides) -> the composed config (tracking into the test's own store)."""

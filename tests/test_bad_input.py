@@ -320,7 +320,8 @@ CASES = [
          csv=True),
     Case("target column missing", ["data.target=load"], ["data.target='load'", "no such column"], True, csv=True),
     Case("group column missing", ["data.group=grp"], ["data.group='grp'", "no such column"], True, csv=True),
-    Case("non-numeric target", [], ["data.target='y'", "not numeric (e.g. 'a')"], True, csv=True,
+    Case("non-numeric target", [], ["data.target='y'", "the column is not numeric: 9600 value(s) are not numbers "
+                                    "(first: 'a' at the row of 2020-01-01 00:00:00 in group 0)"], True, csv=True,
          frame=_text_target),
     Case("dates unparseable", [], ["data.date_column='date': the value 'someday' at line 2 of the file is not a "
                                    "date in the format tried (none recognised, read from the first date 'someday' "
@@ -381,17 +382,6 @@ def _device_present(kind: Optional[str]) -> bool:
     from tamrun.device.manager import device_available
 
     return kind is not None and device_available(kind)
-
-
-@pytest.fixture(scope="module")
-def migrated_store(tmp_path_factory) -> Path:
-    """An empty sqlite store with MLflow's tables and migrations done once (a fresh store costs seconds
-    of migrations; each case gets its own copy)."""
-    from tamrun.tracking.store.store import open_client
-
-    db = tmp_path_factory.mktemp("template") / "mlflow.db"
-    open_client(f"sqlite:///{db}", 60, 60)
-    return db
 
 
 def _prepare(case: Case, tmp_path: Path, store_template: Optional[Path] = None) -> List[str]:

@@ -11,16 +11,19 @@ import numpy as np
 import pandas as pd
 
 from tamrun.config.schema import CheckPolicy, NanPolicy, OutlierPolicy
-from tamrun.data.load import require_columns, require_numeric
+from tamrun.data.cells import check_labels, require_numeric
+from tamrun.data.load import require_columns
 from tamrun.errors import DataError
 
 log = logging.getLogger(__name__)
 
 
-def check_table(frame: pd.DataFrame, numeric: Mapping[str, str], group_field: Mapping[str, str]) -> None:
-    """``numeric`` and ``group_field`` map config field -> column; the numeric ones must hold numbers."""
-    require_columns(frame, {**group_field, **numeric})
-    require_numeric(frame, numeric)
+def check_table(frame: pd.DataFrame, numeric: Mapping[str, str], group: Optional[str], date_column: str) -> None:
+    """``numeric`` maps config field -> column: each must exist and hold numbers; the group column
+    (data.group) must exist and hold names a run can carry (`tamrun.data.cells`)."""
+    require_columns(frame, {**({"data.group": group} if group else {}), **numeric})
+    check_labels(frame, group, date_column)
+    require_numeric(frame, numeric, date_column, group)
 
 
 def apply_nan_policy(frame: pd.DataFrame, columns: Mapping[str, str], policy: NanPolicy) -> pd.DataFrame:

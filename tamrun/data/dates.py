@@ -21,10 +21,13 @@ import pandas as pd
 from pandas.tseries.api import guess_datetime_format
 
 from tamrun.config.schema import DataConfig, NanPolicy
-from tamrun.data.file_kind import quoted_value
+from tamrun.data.cells import quoted
 from tamrun.errors import DataError
 
 ISO = "ISO8601"  # pandas' format for any ISO 8601 date (with or without time, fraction, offset)
+# Characters of the longest text read as a date ('2024-03-31T03:00:00.123456789+02:00' has 35): a longer
+# value is not one, and is refused without being parsed (pandas' parsers take minutes on a 1 MB value).
+LONGEST_DATE = 64
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class DateFormat:
         """``date_format`` (data.date_format), else the format of ``first``, day first under ``dayfirst``."""
         if date_format:
             return cls(date_format, "data.date_format")
-        chosen = f"read from the first date {quoted_value(first)} with data.dayfirst={str(dayfirst).lower()}"
+        chosen = f"read from the first date {quoted(first)} with data.dayfirst={str(dayfirst).lower()}"
+        if len(first) > LONGEST_DATE:
+            return cls(None, chosen, dayfirst)
         if year_first(first):  # ISO 8601, never day first
             return cls(ISO, chosen)
         return cls(guess_format(first, dayfirst), chosen, dayfirst)
@@ -114,7 +119,7 @@ def timestamps(text: pd.Series, form: DateFormat) -> pd.Series:
     NaT where a value does not fit."""
     with warnings.catch_warnings():  # pandas warns when it reads each value apart (no format)
         warnings.simplefilter("ignore")
-        dates = pd.to_datetime(text.astype(object), utc=True, format=form.format, dayfirst=form.dayfirst,
+        dates = pd.to_datetime(text.mask(text.str.len() > LONGEST_DATE).astype(object), utc=True, format=form.format, dayfirst=form.dayfirst,
                                errors="coerce")
     return dates.dt.tz_localize(None)
 
@@ -137,7 +142,10 @@ def year_first(value: str) -> bool:
 
 
 def own_formats(value: str) -> List[str]:
-    """The formats ``value`` may be written in: day first, then month first when it reads both ways."""
+    """The formats ``value`` may be written in: day first, then month first when it reads both ways (none for
+    a value longer than `LONGEST_DATE`)."""
+    if len(value) > LONGEST_DATE:
+        return []
     guesses = [guess_format(value, False)] if year_first(value) else [guess_format(value, True),
                                                                       guess_format(value, False)]
     return [f for f in dict.fromkeys(guesses) if f]
@@ -147,8 +155,8 @@ def unparsed(column: str, text: pd.Series, failed: pd.Series, form: DateFormat) 
     """The error naming the first value ``form`` does not fit, its line in the file and the settings."""
     where = failed.idxmax()
     value = str(text.loc[where])
-    problem = (f"the value {quoted_value(value)} at line {int(where) + 2} of the file is not a date in the format "
-               f"tried ({form.describe()})")
+    problem = (f"the value {quoted(value)} at line {int(where) + 2} of the file is not a date in the format tried "
+               f"({form.describe()})")
     owns = [f for f in own_formats(value) if f != form.format]
     if len(owns) == 2:
         fix = f"set data.date_format='{owns[0]}' if {value!r} is day first, or '{owns[1]}' if month first"

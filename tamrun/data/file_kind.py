@@ -18,7 +18,7 @@ redacted (`tamrun.redact`), and only when that line looks like a CSV header (`qu
 (a data row, not a header), holds a secret-named word (``password``, ``token``, ...) or looks like a password
 or token (`tamrun.redact.looks_like_credential`). Otherwise no name of it is quoted, only their count. A
 value of the file (a date that does not parse, a column that is not numeric) is quoted unless it looks
-like a password or token (`quoted_value`).
+like a password or token (`tamrun.data.cells.quoted`).
 """
 
 from __future__ import annotations
@@ -63,16 +63,6 @@ def quotable(name: object) -> bool:
     if any(sign in text for sign in CREDENTIAL_SIGNS) or _NUMBER.fullmatch(text) or redacted(text) != text:
         return False
     return not any(secret_name(word) or looks_like_credential(word) for word in text.split())
-
-
-def quoted_value(value: object) -> str:
-    """``repr(value)``, a value of the file an error may quote, unless it looks like a password or token
-    (`tamrun.redact.looks_like_credential`, or the redaction would mask part of it): then a phrase saying
-    it is not quoted."""
-    text = str(value)
-    if redacted(text) != text or any(looks_like_credential(word) for word in text.split()):
-        return "(not quoted: it looks like a password or a token)"
-    return repr(value)
 
 
 def excerpt(names: Iterable[object]) -> str:

@@ -17,7 +17,7 @@ from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.chunks import GroupChunk, keep_groups
 from tamrun.data.dates import FileDates
 from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, NOT_QUOTED, decode_problem, header_problem,
-                                    local_path, quotable, quoted_value, regular_file, sniff, use_one_of)
+                                    local_path, quotable, regular_file, sniff, use_one_of)
 from tamrun.data.parquet import DateWindow, ParquetRead, is_parquet, parquet_dataset, parquet_header, read_parquet
 from tamrun.errors import DataError, os_reason
 
@@ -182,11 +182,3 @@ def require_columns(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
         if column not in frame.columns:
             raise DataError(field, column, "no such column in the data", use_one_of(frame.columns))
 
-
-def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str]) -> None:
-    """Check that every configured column holds numbers."""
-    for field, column in columns.items():
-        if not pd.api.types.is_numeric_dtype(frame[column]):
-            example = frame[column].iloc[0]
-            raise DataError(field, column, f"the column is not numeric (e.g. {quoted_value(example)})",
-                            "choose a numeric column, or derive one in data.derived")

@@ -17,16 +17,19 @@ and the tests check it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import pandas as pd
 
 from tamrun.config.schema import DataConfig, SplitConfig
 from tamrun.data.chunks import GroupChunk, group_filter
+from tamrun.data.file_kind import EXCERPT_NAMES
 from tamrun.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -37,15 +40,65 @@ FIX_PARQUET = "point data.path at a Parquet file, or a folder of Parquet files"
 ONE_DAY = pd.Timedelta(days=1)
 
 
+IGNORED_PREFIXES = (".", "_")  # names pyarrow skips in a folder: _SUCCESS, _metadata, .crc files, hidden folders
+
+
+def parquet_state(path: str) -> str:
+    """What the file at ``path`` is by its bytes: ``parquet`` (``PAR1`` at both ends), ``cut`` (``PAR1`` at
+    the start only: a write cut short), ``empty`` (no bytes, or it cannot be opened), ``special`` (not a
+    regular file: a FIFO is never opened, opening it would wait for a writer) or ``other``."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return "special"
+        with open(path, "rb") as file:
+            head = file.read(len(PARQUET_MAGIC))
+            if head != PARQUET_MAGIC:
+                return "other" if head else "empty"
+            file.seek(-len(PARQUET_MAGIC), os.SEEK_END)
+            return "parquet" if file.tell() >= len(PARQUET_MAGIC) and file.read() == PARQUET_MAGIC else "cut"
+    except OSError:
+        return "empty"
+
+
 def is_parquet(path: Path) -> bool:
     """Whether ``path`` is a Parquet file (its first bytes are ``PAR1``) or a folder holding Parquet files."""
     if os.path.isdir(path):  # (False, not an error, for a name too long)
         return any(name.endswith(PARQUET_SUFFIXES) for _, _, names in os.walk(path) for name in names)
-    try:
-        with open(path, "rb") as file:
-            return file.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
-    except OSError:
-        return False
+    return parquet_state(str(path)) in ("parquet", "cut")
+
+
+def folder_files(folder: Path, field: str = "data.path") -> List[str]:
+    """The Parquet files of a folder (its sub-folders included), by their content. Skipped, and logged: the
+    names pyarrow skips (`IGNORED_PREFIXES`), empty files, files that are not Parquet (a README.txt) and
+    what is not a regular file (a FIFO, a device); a
+    `DataError` naming a Parquet file cut short, or a file named as Parquet that is not one (their rows
+    would be lost)."""
+    files, ignored = [], []
+    for root, folders, names in os.walk(folder):
+        folders[:] = sorted(name for name in folders if not name.startswith(IGNORED_PREFIXES))
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            state = "skipped" if name.startswith(IGNORED_PREFIXES) else parquet_state(path)
+            if state == "cut" or (state == "other" and name.endswith(PARQUET_SUFFIXES)):
+                raise DataError(field, path, "a Parquet file cut short (no PAR1 footer)" if state == "cut" else
+                                "a file named as Parquet that is not one (its first bytes are not PAR1)",
+                                "rewrite the file, or remove it from the folder")
+            (files if state == "parquet" else ignored).append(path)
+    if ignored:
+        log.warning("ignoring %d file(s) of the Parquet folder %s (not Parquet, empty, not a regular file, or named "
+                    "with a leading '.' or '_'): %s", len(ignored), folder,
+                    ", ".join(os.path.relpath(path, folder) for path in ignored[:EXCERPT_NAMES]))
+    return files
+
+
+def hive_keys(folder: Path, files: List[str]) -> List[str]:
+    """The partition keys of a folder's files (``key=value`` sub-folders), in order of first use."""
+    keys: List[str] = []
+    for path in files:
+        for part in Path(os.path.relpath(path, folder)).parts[:-1]:
+            if "=" in part and part.split("=", 1)[0] not in keys:
+                keys.append(part.split("=", 1)[0])
+    return keys
 
 
 @dataclass(frozen=True)
@@ -86,15 +139,59 @@ class ParquetRead:
 
 
 def parquet_dataset(path: Path, field: str = "data.path"):
-    """The pyarrow dataset of a file or a (hive-partitioned) folder; a `DataError` naming ``field`` when
-    pyarrow cannot read it."""
+    """The pyarrow dataset of a file or a (hive-partitioned) folder (`folder_files`: its Parquet files only);
+    a `DataError` naming ``field`` when pyarrow cannot read it, or when a partition key is also a column of
+    the files (which of the two holds the value?)."""
     import pyarrow.dataset as ds  # imported only when a Parquet table is read
+    import pyarrow.parquet as pq
 
+    folder = os.path.isdir(path)
     try:
-        return ds.dataset(str(path), format="parquet", partitioning="hive")
-    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise DataError(field, str(path), f"the Parquet data cannot be read ({reason})", FIX_PARQUET) from None
+        files = folder_files(path, field) if folder else [str(path)]
+        if not files:
+            raise DataError(field, str(path), "the folder holds no Parquet data (its files are empty or not Parquet)",
+                            FIX_PARQUET)
+        keys = hive_keys(path, files) if folder else []
+        both = [key for key in keys if key in pq.read_schema(files[0]).names] if keys else []
+        if both:
+            raise DataError(field, str(path), f"the partition key {both[0]!r} (folders {both[0]}=...) is also a column "
+                            f"of the files ({files[0]}): which of the two holds the value is ambiguous",
+                            f"drop the column {both[0]!r} from the files (the folder names give it), or rename the "
+                            "folders' key")
+        return ds.dataset(files if folder else str(path), format="parquet", partitioning="hive",
+                          partition_base_dir=str(path) if folder else None)
+    except (OSError, ValueError, TypeError) as exc:  # ArrowInvalid is a ValueError, ArrowTypeError a TypeError
+        raise unreadable_parquet(path, exc, field) from None
+
+
+def unreadable_parquet(path: Path, exc: BaseException, field: str = "data.path") -> DataError:
+    """The `DataError` for Parquet data pyarrow cannot read: the first line of its reason, cut short."""
+    reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    return DataError(field, str(path), f"the Parquet data cannot be read ({reason})", FIX_PARQUET)
+
+
+@contextlib.contextmanager
+def arrow_errors(path: Path) -> Iterator[None]:
+    """What pyarrow raises while the block reads the data at ``path`` (a file that does not match the
+    others' schema, a corrupt page) as the `DataError` naming data.path (`unreadable_parquet`)."""
+    try:
+        yield
+    except (OSError, ValueError, TypeError) as exc:  # ArrowInvalid is a ValueError, ArrowTypeError a TypeError
+        raise unreadable_parquet(path, exc) from None
+
+
+def decoded(values):
+    """A pyarrow array, chunked array or table with its dictionary-encoded columns as plain values of their
+    value type (a categorical column written by pandas, ``dictionary_encode()``): the run, its model's
+    signature and its input example see strings or numbers, never categories."""
+    import pyarrow as pa
+
+    if isinstance(values, pa.Table):
+        if not any(pa.types.is_dictionary(kind) for kind in values.schema.types):
+            return values
+        return pa.Table.from_arrays([decoded(column) for column in values.columns], names=values.column_names,
+                                    metadata=values.schema.metadata)
+    return values.cast(values.type.value_type) if pa.types.is_dictionary(values.type) else values
 
 
 def parquet_header(dataset) -> List[str]:
@@ -174,16 +271,14 @@ def read_parquet(path: Path, usecols: Optional[List[str]], cfg: DataConfig, wind
     keep = window_filter(dataset, column, window) if pushed else None
     groups = group_filter(cfg.group, chunk)
     keep = groups if keep is None else keep if groups is None else keep & groups
-    try:
+    with arrow_errors(path):
         table = dataset.to_table(columns=usecols, filter=keep)
-    except (OSError, ValueError) as exc:
-        raise DataError("data.path", str(path), f"the Parquet data cannot be read ({str(exc).strip()[:200]})",
-                        FIX_PARQUET) from None
-    frame = table.to_pandas()
+        frame = decoded(table).to_pandas()
     if temporal(dataset, column):
         frame = without_blank_dates(frame, column, cfg)
         frame[column] = naive_utc(frame[column])
-        origin = first_date(dataset, column) if pushed and window.lower is not None and chunk is None else None
+        with arrow_errors(path):
+            origin = first_date(dataset, column) if pushed and window.lower is not None and chunk is None else None
     else:
         frame, dropped = FileDates(cfg).parse(frame)
         if dropped:

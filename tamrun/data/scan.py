@@ -14,7 +14,7 @@ from tamrun.config.schema import DataConfig
 from tamrun.data.chunks import TableScan
 from tamrun.data.dates import FileDates
 from tamrun.data.load import READ_ERRORS, csv_options, unreadable
-from tamrun.data.parquet import DateWindow, naive_utc, parquet_dataset, temporal, window_filter
+from tamrun.data.parquet import DateWindow, arrow_errors, decoded, naive_utc, parquet_dataset, temporal, window_filter
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,11 @@ SCAN_BATCH_ROWS = 1 << 20  # rows of the group or date column a Parquet scan hol
 def scan_table(path: Path, parquet: bool, cfg: DataConfig, window: Optional[DateWindow]) -> TableScan:
     """The groups, their rows and the first date of the table at ``path``, reading only the group and date
     columns (Parquet: with the split's dates pushed down; a CSV in blocks of data.read_chunk_rows)."""
-    counts = scan_parquet(path, cfg, window) if parquet else scan_csv(path, cfg)
+    if parquet:
+        with arrow_errors(path):
+            counts = scan_parquet(path, cfg, window)
+    else:
+        counts = scan_csv(path, cfg)
     groups, rows, origin = counts
     log.info("scanned %d rows of %d groups (columns %s and %s only)", int(rows.sum()), len(groups), cfg.group,
              cfg.date_column)
@@ -42,7 +46,7 @@ def scan_parquet(path: Path, cfg: DataConfig, window: Optional[DateWindow]):
     keep = window_filter(dataset, cfg.date_column, window) if window is not None and dates else None
     totals: pd.Series = pd.Series(dtype=np.int64)
     for batch in dataset.to_batches(columns=[cfg.group], filter=keep, batch_size=SCAN_BATCH_ROWS):
-        counts = pc.value_counts(batch.column(0)).flatten()
+        counts = pc.value_counts(decoded(batch.column(0))).flatten()
         part = pd.Series(counts[1].to_numpy(zero_copy_only=False), index=counts[0].to_numpy(zero_copy_only=False))
         totals = totals.add(part, fill_value=0)
     origin = None

@@ -41,7 +41,7 @@ from tamrun.config.schema import Config, ModeName, PenaltyMode
 from tamrun.data.chunks import GroupChunk, TableScan
 from tamrun.data.file_kind import sniff
 from tamrun.data.load import read_header, table_path
-from tamrun.data.parquet import DateWindow, is_parquet, parquet_dataset
+from tamrun.data.parquet import DateWindow, arrow_errors, is_parquet, parquet_dataset
 from tamrun.data.scan import scan_table
 from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError
@@ -98,7 +98,8 @@ def rows_bound(config: Config, path: Path, parquet: bool) -> int:
     """An upper bound of the table's rows read without reading them: Parquet's metadata, or a CSV's size
     over `CSV_CELL_CHARS` per cell (x `COMPRESSED_TEXT_RATIO` when compressed)."""
     if parquet:
-        return int(parquet_dataset(path).count_rows())
+        with arrow_errors(path):
+            return int(parquet_dataset(path).count_rows())
     text = path.stat().st_size * (1 if sniff(path) is None else COMPRESSED_TEXT_RATIO)
     return int(text // (CSV_CELL_CHARS * max(1, len(read_header(path, config.data)))))
 
