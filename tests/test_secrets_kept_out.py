@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import List
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -25,7 +26,7 @@ from test_secrets import tamrun
 from tamrun.config.load import typed_config
 from tamrun.config.secret_sources import check_secret_sources
 from tamrun.data.file_kind import quotable
-from tamrun.errors import ConfigError
+from tamrun.errors import ConfigError, DataError
 from tamrun.redact import MASK, looks_like_credential, redacted
 
 PASSWORD = "s3cretPW9x"  # a data URI's password
@@ -278,3 +279,22 @@ def test_a_value_that_looks_like_a_password_is_not_quoted(tmp_path):
         "at line 2" in str(error)
     path.write_text("date,x,g,y\n2020-13-45,1,a,2\n")
     assert "the value '2020-13-45' at line 2" in str(refused(path, "is not a date"))
+
+
+@pytest.mark.parametrize("column", ["password", "api_key", "DB_PASSWORD"])
+def test_a_value_of_a_column_named_like_a_secret_is_never_quoted(column):
+    """A column named like a secret (`tamrun.redact.secret_name`) used where numbers are needed: the error
+    names the column and the row, never its value, however plain the value looks ('hunter2', 7 characters, is
+    no token by its look); a plainly named column's value still is quoted."""
+    from tamrun.data.checks import check_table
+
+    frame = pd.DataFrame({"date": pd.date_range("2020-01-01", periods=3), "g": ["a", "a", "b"],
+                          column: ["hunter2", "hunter2", "hunter2"], "x": ["1.5", "oops", "2"]})
+    with pytest.raises(DataError) as caught:
+        check_table(frame, {"data.target": column}, "g", "date")
+    text = caught.value.report_line()
+    assert "hunter2" not in text and "(not quoted: it looks like a password or a token)" in text, text
+    assert f"data.target={column!r}" in text and "the row of 2020-01-01 00:00:00 in group 'a'" in text, text
+    with pytest.raises(DataError) as plain:
+        check_table(frame, {"model.effects.x.column": "x"}, "g", "date")
+    assert "(first: 'oops' at the row of 2020-01-02 00:00:00 in group 'a')" in plain.value.report_line()

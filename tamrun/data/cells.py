@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tamrun.errors import DataError
-from tamrun.redact import looks_like_credential, redacted
+from tamrun.redact import looks_like_credential, redacted, secret_name
 
 LONGEST_LABEL = 1000  # characters of a group name
 LARGEST_VALUE = 1e15  # the largest magnitude of a value an effect reads
@@ -31,14 +31,16 @@ QUOTED_CHARS = 40  # characters of a value a message quotes
 CONTROL = "[\x00-\x1f\x7f]"  # control characters (C0 and DEL): not in a label
 
 
-def quoted(value: object) -> str:
+def quoted(value: object, column: Optional[str] = None) -> str:
     """``repr(value)`` (control characters escaped, ``'3.82\\x1f1'``), cut to `QUOTED_CHARS` characters of
-    the value, its length said when cut: a value of the file an error may quote, unless it looks like a
-    password or token (`tamrun.redact.looks_like_credential`, or the redaction would mask part of it): then a
-    phrase saying it is not quoted."""
+    the value, its length said when cut: a value of the file (of ``column``) an error may quote, unless it
+    looks like a password or token (`tamrun.redact.looks_like_credential`, or the redaction would mask part of
+    it) or its column is named like a secret (`tamrun.redact.secret_name`: ``password``, ``api_key``, ...):
+    then a phrase saying it is not quoted."""
     value = value.item() if isinstance(value, np.generic) else value
     shown = value[:QUOTED_CHARS] if isinstance(value, str) else str(value)
-    if redacted(shown) != shown or any(looks_like_credential(word) for word in shown.split()):
+    if (column is not None and secret_name(str(column))) or redacted(shown) != shown \
+            or any(looks_like_credential(word) for word in shown.split()):
         return "(not quoted: it looks like a password or a token)"
     if isinstance(value, str) and len(value) > QUOTED_CHARS:
         return f"{value[:QUOTED_CHARS]!r}... ({len(value)} characters)"
@@ -48,7 +50,7 @@ def quoted(value: object) -> str:
 def row_named(frame: pd.DataFrame, index: object, date_column: str, group: Optional[str]) -> str:
     """The row at ``index`` of ``frame`` by its date and group: ``the row of 2020-01-05 04:00:00 in group 'a'``."""
     row = frame.loc[index]
-    where = f" in group {quoted(row[group])}" if group and group in frame.columns else ""
+    where = f" in group {quoted(row[group], group)}" if group and group in frame.columns else ""
     return f"the row of {row[date_column]}{where}" if date_column in frame.columns else f"row {index}"
 
 
@@ -62,14 +64,14 @@ def check_labels(frame: pd.DataFrame, group: Optional[str], date_column: str) ->
         first = int(np.argmax(lengths > LONGEST_LABEL))
         raise DataError("data.group", group, f"{int((lengths > LONGEST_LABEL).sum())} row(s) hold a group name longer "
                         f"than {LONGEST_LABEL} characters (first: {row_named(frame, frame.index[first], date_column, None)}, "
-                        f"a name of {int(lengths[first])} characters: {quoted(names.iloc[first])})",
+                        f"a name of {int(lengths[first])} characters: {quoted(names.iloc[first], group)})",
                         f"shorten the group names to at most {LONGEST_LABEL} characters (e.g. map them to ids), or "
                         "set data.group to the column that names the groups")
     control = names.str.contains(CONTROL, regex=True).fillna(False).to_numpy(dtype=bool)
     if control.any():
         first = int(np.argmax(control))
         raise DataError("data.group", group, f"{int(control.sum())} row(s) hold a group name with a control character "
-                        f"(first: {row_named(frame, frame.index[first], date_column, None)}: {quoted(names.iloc[first])})",
+                        f"(first: {row_named(frame, frame.index[first], date_column, None)}: {quoted(names.iloc[first], group)})",
                         "remove the control characters (tabs, NUL, \\x1f, ...) from the group names")
 
 
@@ -88,7 +90,7 @@ def require_numeric(frame: pd.DataFrame, columns: Mapping[str, str], date_column
             bad, kind = values.notna().to_numpy(), f"are not stored as numbers (dtype {values.dtype})"
         first = int(np.argmax(bad))
         raise DataError(field, column, f"the column is not numeric: {int(bad.sum())} value(s) {kind} (first: "
-                        f"{quoted(values.iloc[first])} at {row_named(frame, frame.index[first], date_column, group)})",
+                        f"{quoted(values.iloc[first], column)} at {row_named(frame, frame.index[first], date_column, group)})",
                         "correct or remove those values, choose a numeric column, or derive one in data.derived")
 
 

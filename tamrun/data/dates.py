@@ -155,7 +155,7 @@ def unparsed(column: str, text: pd.Series, failed: pd.Series, form: DateFormat) 
     """The error naming the first value ``form`` does not fit, its line in the file and the settings."""
     where = failed.idxmax()
     value = str(text.loc[where])
-    problem = (f"the value {quoted(value)} at line {int(where) + 2} of the file is not a date in the format tried "
+    problem = (f"the value {quoted(value, column)} at line {int(where) + 2} of the file is not a date in the format tried "
                f"({form.describe()})")
     owns = [f for f in own_formats(value) if f != form.format]
     if len(owns) == 2:
