@@ -177,3 +177,15 @@ def test_a_sweep_id_with_a_quote_is_refused_naming_sweep(tmp_path, capsys):
     store, _ = ranked_store(tmp_path)
     code, _, err = compare_here(capsys, "--store", store, "--sweep", "a'b")
     assert code == 2 and len(err) == 1 and err[0].startswith("tamrun: config error: --sweep=\"a'b\": not a sweep id"), err
+
+
+def test_a_store_server_that_does_not_answer_names_store_not_tracking_uri(capsys):
+    """``--store http://bob:pw@127.0.0.1:9`` (the discard port, where nothing listens, as the other tests of
+    an unanswered server): the error names the option the URI came from (``--store``), its fix says to pass
+    another, and the password is masked."""
+    port = 9
+    code, _, err = compare_here(capsys, "--store", f"http://bob:Pw9xq2zz@127.0.0.1:{port}")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"tamrun: config error: --store='http://bob:***@127.0.0.1:{port}': the tracking server "
+                             f"127.0.0.1:{port} does not answer"), err
+    assert "or pass --store with a store that answers" in err[0] and "Pw9xq2zz" not in err[0], err
