@@ -128,3 +128,13 @@ def test_proc_environ_as_data_names_proc_and_leaks_no_secret(tmp_path, csv_path,
     client = MlflowClient(tracking_uri=store_uri)
     for run in client.search_runs([e.experiment_id for e in client.search_experiments()]):
         assert run.info.status == "FAILED" and secret not in repr(run.data.tags)
+
+
+def test_a_utf16_file_names_utf16_and_reads_with_it(tmp_path, frame):
+    """A UTF-16 file (its byte order mark first, as Excel's "Unicode text" and PowerShell write it): the fix
+    names utf-16, not latin-1, and with it the file reads."""
+    path = tmp_path / "data.csv"
+    frame.to_csv(path, index=False, encoding="utf-16")
+    error = refused(path, "is not utf-8 text")
+    assert error.field == "data.encoding" and "data.encoding=utf-16" in error.fix, error.fix
+    assert len(load_table(data_config(path, encoding="utf-16"))) == len(frame)

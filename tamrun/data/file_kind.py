@@ -169,10 +169,17 @@ def header_problem(path: Path, header: list, delimiter: str) -> Optional[DataErr
                      f"set data.delimiter='{best}'" if best != "\t" else "set data.delimiter='\\t'")
 
 
+UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")  # the byte order marks a UTF-16 file starts with (little, big endian)
+
+
 def decode_problem(path: Path, exc: UnicodeDecodeError, encoding: str) -> DataError:
     """The error for a file that is not text in ``encoding``: where it fails, and the fix (data.encoding)."""
-    byte = exc.object[exc.start:exc.start + 1].hex() if isinstance(exc.object, (bytes, bytearray)) else "?"
+    block = exc.object if isinstance(exc.object, (bytes, bytearray)) else b""
+    byte = block[exc.start:exc.start + 1].hex() or "?"
     likely = "latin-1 (ISO-8859-1) or cp1252" if encoding.lower().replace("_", "-") in ("utf-8", "utf8") else "utf-8"
+    with open(path, "rb") as handle:  # a regular file (`regular_file`), read already
+        if handle.read(2) in UTF16_MARKS:  # a UTF-16 byte order mark opens the file
+            likely = "utf-16"
     return DataError("data.encoding", encoding, f"the file {path} is not {encoding} text (byte 0x{byte} at offset "
                      f"{exc.start} of a block cannot be decoded)",
                      f"set data.encoding to the file's encoding (e.g. data.encoding={likely.split()[0]}), or save "
