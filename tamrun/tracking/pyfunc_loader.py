@@ -6,7 +6,8 @@ model names this module, so nothing of the artifact runs as code: `_load_pyfunc`
 file of the model with the sha256 its run recorded in the tracking store (`verify_files`: the store of
 ``MLFLOW_TRACKING_URI``, or of ``mlflow.set_tracking_uri``), then reads the state as data, each tensor
 checked against the JSON (`tamrun.tracking.model_state`), and only then builds the model. A file that
-changed, went missing or was added is refused with one line (`ModelFileError`) naming it.
+changed, went missing or was added, or an entry that is not a regular file (a FIFO, socket, device or link,
+never opened), is refused with one line (`ModelFileError`) naming it.
 """
 
 from __future__ import annotations
