@@ -299,6 +299,30 @@ def test_a_model_is_loaded_only_against_the_store_that_recorded_it(logged, tmp_p
     assert other.returncode == 1 and "the tracking store has no record of this model" in other.stderr
 
 
+def free_port() -> int:
+    """A local port nothing listens on (bound, read, closed)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_tracking_store_that_does_not_answer_is_not_said_to_lack_the_model(logged, tmp_path):
+    """MLFLOW_TRACKING_URI names a server nothing answers at (its password in the URI): the load is refused
+    saying the store did not answer, its password not shown, never that the store has no record of it."""
+    _, artifacts, _, _ = logged
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    store = f"http://bob:S3cretPw0rd@127.0.0.1:{free_port()}"
+    child = subprocess.run([sys.executable, "-c", LOAD, str(artifacts)], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, env={**env, "MLFLOW_TRACKING_URI": store, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
+    last = child.stderr.strip().splitlines()[-1]
+    assert child.returncode == 1 and "LOADED" not in child.stdout, child.stderr[-3000:]
+    assert "the tracking store http://" in last and "did not answer (" in last, last
+    assert "whether it records this model is not known. Fix: start the tracking server" in last, last
+    assert "has no record" not in last and "S3cretPw0rd" not in child.stderr, last
+
+
 @pytest.mark.parametrize("how, message", [
     ("nan", "holds 1 non-finite value(s) (NaN or infinite), where fitted.json declares it finite"),
     ("int8", "is int8, where fitted.json declares float64"),
@@ -396,3 +420,40 @@ def test_a_model_without_recorded_digests_is_not_registered(logged, tmp_path):
         "files (a model logged before tamrun recorded its files, or the tag was removed). Fix: run the run again: "
         "it logs the model anew, its files recorded\n")
     assert "unrecorded" not in [m.name for m in client.search_registered_models()]
+
+
+@pytest.mark.parametrize("entry, how", [
+    ("data/fitted/extra", "was added (the run recorded no such file; it is a FIFO (named pipe))"),
+    ("data/fitted/fitted.json", "is a FIFO (named pipe), not the regular file the run logged"),
+])
+def test_a_fifo_in_a_model_folder_is_refused_unopened(logged, tmp_path, entry, how):
+    """A FIFO added to a copy of the model folder, or put in place of one of its files: the load is refused with
+    one line naming it, without opening it (opening a FIFO waits for a writer: the load would hang)."""
+    folder, artifacts, _, _ = logged
+    model = tmp_path / "model"
+    shutil.copytree(artifacts, model)
+    (model / entry).unlink(missing_ok=True)
+    os.mkfifo(model / entry)
+    child = load_child(str(model), tmp_path, store_of(folder))
+    last = child.stderr.strip().splitlines()[-1]
+    assert child.returncode == 1 and "LOADED" not in child.stdout, child.stderr[-3000:]
+    assert f"='{entry}': {how}: the model is refused unread. Fix: do not serve this copy" in last, last
+
+
+def test_a_fifo_in_the_artifact_store_s_model_is_not_registered(logged, tmp_path):
+    """A FIFO added inside the logged model's folder in the artifact store: ``--register`` exits 2 with one line
+    naming it, registering nothing."""
+    from test_compare import compare
+
+    folder, artifacts, _, _ = logged
+    client = MlflowClient(tracking_uri=store_of(folder))
+    fifo = artifacts / "data" / "fitted" / "extra"
+    os.mkfifo(fifo)
+    try:
+        done = compare("--store", store_of(folder), "--best", "--register", "piped", cwd=tmp_path)
+    finally:
+        fifo.unlink()
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+    assert done.stderr.startswith("tamrun: model error: models:/m-") and "='data/fitted/extra': was added (the run " \
+        "recorded no such file; it is a FIFO (named pipe)): the model is refused unread" in done.stderr, done.stderr
+    assert "piped" not in [m.name for m in client.search_registered_models()]

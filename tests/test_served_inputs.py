@@ -196,3 +196,26 @@ def test_a_dictionary_encoded_group_column_fits_and_serves(tmp_path):
     assert as_category["g"].astype(str).tolist() == ["s0", "s1", "s2"] * 2
     np.testing.assert_array_equal(as_category["predicted"].to_numpy(), as_text["predicted"].to_numpy())
     assert np.isfinite(as_category["predicted"]).all()
+
+
+@pytest.mark.parametrize("copied", [["x"], ["g"], ["x", "g"]])
+def test_a_column_given_twice_is_refused_naming_it(served, copied):
+    """A table holding a column twice (``pd.concat([rows, rows[["x"]]], axis=1)``): which one to read is not
+    known; refused in one line naming the column(s), never a raw TypeError."""
+    rows = served["rows"]
+    message = refusal(served["model"], pd.concat([rows, rows[copied]], axis=1))
+    assert message.startswith(f"tamrun: data error: columns={copied!r}: the rows to predict hold {len(copied)} "
+                              f"column name(s) more than once ({', '.join(map(repr, copied))})"), message
+    assert message.endswith("Fix: send each column once (drop or rename the copies)"), message
+
+
+@pytest.mark.parametrize("values", [[1 + 50j] * ROWS, pd.Series([1.0, 2.0, 1 + 50j, 3.0, 3.0, 4.0], dtype=object)])
+def test_a_complex_input_is_refused_not_read_as_its_real_part(served, values):
+    """x = 1+50j (a complex column, or one complex value among numbers): refused naming the column and rows,
+    never a forecast made as if x were its real part."""
+    rows = served["rows"].assign(x=values)
+    message = refusal(served["model"], rows)
+    assert message.startswith("tamrun: data error: x=(1+50j): "), message
+    named = "6 of the 6 rows to predict (rows 0, 1, 2, 3, 4, 5;" if len(set(map(str, values))) == 1 else \
+        "1 of the 6 rows to predict (row 2;"
+    assert named in message and "hold a complex number, not a real one" in message, message

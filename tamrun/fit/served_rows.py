@@ -2,10 +2,10 @@
 its caller (docs/serving.md, "What a served model refuses").
 
 Before it forecasts, the model (`tamrun.tracking.pyfunc_model.TamPyfuncModel.predict`) checks the rows it is
-given (`check_inputs`): every column it reads is there; no value of them is missing (NaN, null, None, NaT);
-the date is a date (text as in a CSV or a JSON request, read as the run read its file's dates, or Python or
-pandas datetimes; an offset or time zone converted to UTC and dropped, as a run does); every group and level
-was seen in training; every feature is a finite number within its group's training range widened by
+given (`check_inputs`): no column is given twice; every column it reads is there; no value of them is missing
+(NaN, null, None, NaT) or complex; the date is a date (text as in a CSV or a JSON request, read as the run
+read its file's dates, or Python or pandas datetimes; an offset or time zone converted to UTC and dropped, as a
+run does); every group and level was seen in training; every feature is a finite number within its group's training range widened by
 `tamrun.fit.support.SUPPORT_MARGIN` of its span. After, every forecast must lie where a run accepts one
 (`check_forecasts`). A refusal is a `TamrunError` of one line, ``tamrun: data error: <column>=<value>: ...
 (rows ...) ... Fix: ...``; the logged model raises it as an `MlflowException` of INVALID_PARAMETER_VALUE
@@ -49,6 +49,29 @@ def required_columns(model: FittedModel, frame: pd.DataFrame) -> List[str]:
     sources = [source for column in needed
                for source in ([column] if column not in recipe.derived else recipe.sources(column, present))]
     return [source for source in dict.fromkeys(sources) if source not in present]
+
+
+def refuse_duplicated(frame: pd.DataFrame) -> None:
+    """`DataError` naming the columns ``frame`` holds more than once (which of them is the one to read?)."""
+    duplicated = [str(column) for column in dict.fromkeys(frame.columns[frame.columns.duplicated()])]
+    if duplicated:
+        raise DataError("columns", duplicated, f"the rows to predict hold {len(duplicated)} column name(s) more "
+                        f"than once ({', '.join(map(repr, duplicated))}): which one to read is not known",
+                        "send each column once (drop or rename the copies)")
+
+
+def refuse_complex(model: FittedModel, frame: pd.DataFrame) -> None:
+    """`DataError` naming the rows of a column the model reads that hold a complex number (its imaginary part
+    would be dropped unsaid)."""
+    for column in model.raw_columns(frame.columns):
+        values = frame[column]
+        if pd.api.types.is_complex_dtype(values):
+            bad = np.ones(len(values), dtype=bool)
+        else:
+            bad = values.map(lambda value: isinstance(value, (complex, np.complexfloating))).to_numpy(dtype=bool)
+        if bad.any():
+            raise DataError(column, plain(values[bad].iloc[0]), f"{rows_named(bad)} hold a complex number, not a "
+                            "real one", f"give real numbers in {column}, as in the training data")
 
 
 def refuse_absent_or_missing(model: FittedModel, frame: pd.DataFrame) -> None:
@@ -162,7 +185,9 @@ def check_inputs(model: FittedModel, frame: pd.DataFrame) -> None:
     except (ValueError, TypeError) as exc:  # a scalar, ragged lists
         raise DataError("rows", type(frame).__name__, f"the input is not a table of rows ({exc})",
                         "send a table: CSV, or JSON as dataframe_split or dataframe_records") from None
+    refuse_duplicated(frame)
     refuse_absent_or_missing(model, frame)
+    refuse_complex(model, frame)
     rows = model.recipe.apply(refuse_bad_dates(model, frame))
     codes = group_codes(model, rows)
     refuse_unseen_levels(model, rows)

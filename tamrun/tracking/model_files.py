@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import zipfile
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -48,17 +49,44 @@ class ModelFileError(TamrunError):
 
 
 def sha256_of(path: Path) -> str:
+    """The sha256 of the regular file ``path``; opened without blocking, so that an entry swapped for a FIFO
+    after it was looked at is refused (`ModelFileError`), not waited on."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ModelFileError(str(Path(path).name), str(path), "is not a regular file", "leave only the model's "
+                                 "own files in its folder")
         for block in iter(lambda: handle.read(CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
+def entries(folder: Path) -> Dict[str, Path]:
+    """Every entry of ``folder`` (at any depth) that is not a directory, by its path there (``/``-separated),
+    sorted: regular files, and any symbolic link, FIFO, socket or device (a symbolic link not followed)."""
+    return {path.relative_to(folder).as_posix(): path for path in sorted(Path(folder).rglob("*"))
+            if path.is_symlink() or not path.is_dir()}
+
+
+def special_kind(path: Path) -> Optional[str]:
+    """What ``path`` is when it is not a regular file (``a FIFO``, ...), read from its own status (a link not
+    followed, nothing opened: opening a FIFO blocks); None for a regular file."""
+    mode = os.lstat(path).st_mode
+    kinds = [(stat.S_ISREG, None), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((kind for test, kind in kinds if test(mode)), "not a regular file")
+
+
 def file_digests(folder: Path) -> Dict[str, str]:
-    """The sha256 of every file under ``folder``, by its path there (``/``-separated), sorted."""
-    return {path.relative_to(folder).as_posix(): sha256_of(path)
-            for path in sorted(Path(folder).rglob("*")) if path.is_file()}
+    """The sha256 of every file under ``folder``, by its path there (``/``-separated), sorted; an entry that
+    is not a regular file (`special_kind`) is a `ModelFileError`, never opened."""
+    found = entries(folder)
+    for name, path in found.items():
+        kind = special_kind(path)
+        if kind:
+            raise ModelFileError(name, str(path), f"is {kind}, not a regular file: a model holds regular files only",
+                                 "leave only the model's own files in its folder")
+    return {name: sha256_of(path) for name, path in found.items()}
 
 
 def manifest_text(digests: Dict[str, str]) -> str:
@@ -66,17 +94,20 @@ def manifest_text(digests: Dict[str, str]) -> str:
 
 
 def first_difference(folder: Path, recorded: Dict[str, str]) -> Optional[Tuple[str, str]]:
-    """(path, how it differs) of the first file of ``folder`` that is not as ``recorded``: changed,
-    missing or added; None when every file is as recorded."""
-    found = {path.relative_to(folder).as_posix(): path for path in sorted(Path(folder).rglob("*"))
-             if path.is_file() or path.is_symlink()}
-    found = {name: path for name, path in found.items() if name not in WRITTEN_BY_MLFLOW}
+    """(path, how it differs) of the first entry of ``folder`` (`entries`: any that is not a directory) that is
+    not as ``recorded``: changed, missing, added, or not a regular file (never opened); None when every file is
+    as recorded."""
+    found = {name: path for name, path in entries(folder).items()
+             if name not in WRITTEN_BY_MLFLOW or special_kind(path)}
     for name in sorted(set(found) | set(recorded)):
         if name not in found:
             return name, "is missing"
+        kind = special_kind(found[name])
         if name not in recorded:
-            return name, "was added (the run recorded no such file)"
-        if found[name].is_symlink() or sha256_of(found[name]) != recorded[name]:
+            return name, f"was added (the run recorded no such file{f'; it is {kind}' if kind else ''})"
+        if kind:
+            return name, f"is {kind}, not the regular file the run logged"
+        if sha256_of(found[name]) != recorded[name]:
             return name, "changed since the run logged it (its sha256 is not the one recorded in the tracking store)"
     return None
 

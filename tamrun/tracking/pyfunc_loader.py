@@ -6,7 +6,8 @@ model names this module, so nothing of the artifact runs as code: `_load_pyfunc`
 file of the model with the sha256 its run recorded in the tracking store (`verify_files`: the store of
 ``MLFLOW_TRACKING_URI``, or of ``mlflow.set_tracking_uri``), then reads the state as data, each tensor
 checked against the JSON (`tamrun.tracking.model_state`), and only then builds the model. A file that
-changed, went missing or was added is refused with one line (`ModelFileError`) naming it.
+changed, went missing or was added, or an entry that is not a regular file (a FIFO, socket, device or link,
+never opened), is refused with one line (`ModelFileError`) naming it.
 """
 
 from __future__ import annotations
@@ -19,12 +20,17 @@ from typing import Any, Dict, Optional
 
 import pandas as pd
 
+from tamrun.redact import redacted
 from tamrun.tracking.model_files import MANIFEST_TAG, ModelFileError, first_difference
 
 log = logging.getLogger(__name__)
 
 MLMODEL = "MLmodel"
 RELOG = "run the run again to log the model anew (or restore the artifact store's copy of it from a backup)"
+# MLflow's error codes of a store that answered that it holds no such model (any other error: it did not answer).
+NO_RECORD = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+UNANSWERED = ("start the tracking server or make it reachable from here, or set MLFLOW_TRACKING_URI to the store "
+              "its run logged it to")
 UNRECORDED = "run the run again: it logs the model anew, its files recorded"
 
 
@@ -59,7 +65,9 @@ def model_id_of(root: Path) -> str:
 
 def recorded_files(model_id: str, tracking_uri: Optional[str] = None) -> Dict[str, str]:
     """The sha256 of each file of the LoggedModel ``model_id``, as its run recorded them in the tracking
-    store (``tracking_uri``, else MLflow's current one); a `ModelFileError` when it has no record."""
+    store (``tracking_uri``, else MLflow's current one); a `ModelFileError` when it has no record, or when it
+    does not answer (MLflow retries first: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT``
+    bound the wait; they are the process's settings, left as they are)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -71,8 +79,11 @@ def recorded_files(model_id: str, tracking_uri: Optional[str] = None) -> Dict[st
     try:
         logged = mlflow.MlflowClient(tracking_uri=uri).get_logged_model(model_id)
     except MlflowException as exc:
-        raise ModelFileError(where, uri, f"the tracking store has no record of this model ({exc.message})",
-                             "set MLFLOW_TRACKING_URI to the store its run logged it to") from None
+        if exc.error_code in NO_RECORD:
+            raise ModelFileError(where, uri, f"the tracking store has no record of this model ({exc.message})",
+                                 "set MLFLOW_TRACKING_URI to the store its run logged it to") from None
+        raise ModelFileError(where, uri, f"the tracking store {redacted(uri)} did not answer ({exc.message}): "
+                             "whether it records this model is not known", UNANSWERED) from None
     text = logged.tags.get(MANIFEST_TAG)
     if not text:
         raise ModelFileError(where, MANIFEST_TAG, "the store records no digest of its files (a model logged "
