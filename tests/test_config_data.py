@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -163,12 +165,14 @@ CSV = csv_overrides(Path("d.csv"))
      "lists or mappings nested past tamrun's limit (MAX_CONFIG_DEPTH"),
     (["+hydra.callbacks.b0=[1,1]", "+hydra.callbacks.b1=[${hydra:callbacks.b0}]"],
      "hydra.callbacks.b0=[1, 1]: a Hydra callback is a mapping with a _target_"),
+    (["+hydra.callbacks.sweep.x=${hydra:job.name}"], "hydra.callbacks.sweep.x='${hydra:job.name}': tamrun's "
+     "callbacks take no arguments"),
 ], ids=["read_pickle", "numpy_load", "joblib_load", "file_handler_on_the_store", "nested_in_a_callback",
         "under_model", "redaction_removed", "launcher", "sweeper", "search_space", "log_handler_class",
         "log_file_on_the_store", "ext_stream",
         "python_resolver", "oc_decode", "unset_variable", "pkg_searchpath", "env_set", "ray_runtime_env",
         "log_root_handler", "log_logger_handler", "log_version", "hydra_log_root_handler", "log_format",
-        "log_level", "log_stream", "deep_override", "callback_not_a_mapping"])
+        "log_level", "log_stream", "deep_override", "callback_not_a_mapping", "callback_argument"])
 def test_the_command_line_names_no_code(folder, args, key_value):
     refused(folder, [*args, *CSV], key_value)
 
@@ -246,3 +250,18 @@ def test_a_hydra_resolver_reference_counts_as_what_it_names():
     root, hydra, callbacks, b0 (3 values) and b1 (its list, and the reference's 4)."""
     tree = {"hydra": {"callbacks": {"b0": [1, 1], "b1": ["${hydra:callbacks.b0}"]}}}
     assert config_size(tree) == (11, "config")
+
+
+def test_an_override_over_the_byte_limit_is_refused_before_it_is_parsed():
+    """Linux passes no command-line argument over 128 KiB, but Hydra's compose API has no such bound: an
+    override over `MAX_CONFIG_BYTES` is refused, named by its key, before Hydra's parser reads it."""
+    size = MAX_CONFIG_BYTES + 1
+    code = ("from hydra import compose, initialize_config_dir\n"
+            "from tamrun.config.load import config_dir\nfrom tamrun.config.store import register_configs\n"
+            "from tamrun.process.hydra_loader import install\ninstall()\nregister_configs()\n"
+            "with initialize_config_dir(config_dir=str(config_dir()), version_base='1.3'):\n"
+            f"    compose(config_name='config', overrides=['+tracking.tags.x=' + 'a' * {size - 17}])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert (f"+tracking.tags.x='{size:,} bytes': this override is larger than tamrun reads (MAX_CONFIG_BYTES = "
+            f"{MAX_CONFIG_BYTES:,} bytes") in done.stderr, done.stderr[-3000:]

@@ -260,7 +260,7 @@ def check_logging_structure(path: Tuple[str, ...], config: Dict[str, Any], job_n
     logging does not know, a formatter that does not format a record."""
     if "root" not in config:
         raise ConfigError(dotted(path + ("root",)), None, "Hydra reads the root logger of a logging config "
-                          "(null: logging left as it is)", f"set {dotted(path + ('root',))}: null, or keep Hydra's")
+                          "(null: logging left as it is)", f"set {dotted(path + ('root',))}=null, or keep Hydra's")
     if config["root"] is None:
         return
     if config.get("version") != LOG_VERSION:
@@ -478,12 +478,18 @@ def check_target_fields(tree: Dict[str, Any]) -> None:
 
 
 def check_callbacks(hydra: Dict[str, Any]) -> None:
-    """Refuse a job's composed config (``hydra.job.config_name`` set by Hydra: not ``--hydra-help``'s
-    composition of Hydra's own) without `KEPT_CALLBACKS`."""
+    """Refuse a callback that is not a mapping of a ``_target_`` alone (tamrun's take no arguments), and a
+    job's composed config (``hydra.job.config_name`` set by Hydra: not ``--hydra-help``'s composition of
+    Hydra's own) without `KEPT_CALLBACKS`."""
     for name, entry in (hydra.get("callbacks") or {}).items():
         if not isinstance(entry, dict) or "_target_" not in entry:
             raise ConfigError(f"hydra.callbacks.{name}", entry, "a Hydra callback is a mapping with a _target_ "
                               "(Hydra builds each)", f"remove hydra.callbacks.{name} ({SEE})")
+        extra = sorted(set(entry) - {"_target_"})
+        if extra:
+            key = extra[0]
+            raise ConfigError(f"hydra.callbacks.{name}.{key}", entry[key], "tamrun's callbacks take no arguments "
+                              "(Hydra builds them before ${hydra:...} resolves)", f"remove hydra.callbacks.{name}.{key}")
     if (hydra.get("job") or {}).get("config_name") is None:
         return
     for name, target in KEPT_CALLBACKS.items():
