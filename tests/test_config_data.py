@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -25,7 +27,7 @@ from omegaconf import OmegaConf
 from conftest import csv_overrides, synthetic_frame
 from tamrun.config.load import config_dir
 from tamrun.config.store import register_configs
-from tamrun.config.trusted import MAX_CONFIG_NODES, check_composed, config_size, yaml_size
+from tamrun.config.trusted import MAX_CONFIG_BYTES, MAX_CONFIG_NODES, check_composed, config_size, yaml_size
 from tamrun.errors import ConfigError
 from test_secrets import tamrun
 
@@ -69,6 +71,11 @@ def write_experiments(where: Path) -> None:
                                f"[{MARKER}, w]\n",
         "experiment/aliases.yaml": alias_bomb(),
         "experiment/references.yaml": reference_bomb(),
+        "experiment/deep.yaml": "# @package _global_\ntracking:\n  tags:\n    foo: " + "[" * 10_000 + "]" * 10_000 + "\n",
+        "experiment/big.yaml": "# @package _global_\nhydra:\n  job:\n    env_set:\n"
+                               + "".join(f"      MLFLOW_X{i}: v\n" for i in range(60_000)),
+        "experiment/variables.yaml": "# @package _global_\nhydra:\n  job:\n    env_set:\n"
+                                     + "".join(f"      MLFLOW_X{i}: v\n" for i in range(101)),
     }
     for name, text in files.items():
         (where / name).write_text(text, encoding="utf-8")
@@ -143,10 +150,29 @@ CSV = csv_overrides(Path("d.csv"))
     (["+hydra.job.env_set.LD_PRELOAD=evil.so"], "hydra.job.env_set.LD_PRELOAD='evil.so': a config is data"),
     (["-m", "hydra/launcher=ray_cluster", "+hydra.launcher.ray.init.runtime_env={pip: [evilpkg]}"],
      "hydra.launcher.ray.init.runtime_env.pip=['evilpkg']: a config is data: a launcher's runtime_env sets only"),
+    (["hydra.job_logging.root.handlers=[nope]"], "hydra.job_logging.root.handlers.0='nope': no such handler in "
+     "hydra.job_logging.handlers (defined: console, file). Fix: name one defined there"),
+    (["+hydra.job_logging.loggers.tamrun.handlers=[nope]"], "hydra.job_logging.loggers.tamrun.handlers.0='nope': "
+     "no such handler"),
+    (["hydra.job_logging.version=2"], "hydra.job_logging.version=2: logging's dictConfig reads version 1 only"),
+    (["hydra.hydra_logging.root.handlers=[nope]"], "hydra.hydra_logging.root.handlers.0='nope': no such handler"),
+    (["hydra.job_logging.formatters.simple.format='%(bogus)s'"], "hydra.job_logging.formatters.simple.format="
+     "'%(bogus)s': does not format a log record (ValueError: Formatting field not found in record: 'bogus')"),
+    (["hydra.job_logging.root.level=NOPE"], "hydra.job_logging.root.level='NOPE': not a level logging knows"),
+    (["hydra.job_logging.handlers.console.stream=nope"],
+     "hydra.job_logging.handlers.console.stream='nope': a log handler writes to the terminal only"),
+    (["+tracking.tags.deep=" + "[" * 3000 + "]" * 3000], "+tracking.tags.deep='nested deeper than 100 levels': "
+     "lists or mappings nested past tamrun's limit (MAX_CONFIG_DEPTH"),
+    (["+hydra.callbacks.b0=[1,1]", "+hydra.callbacks.b1=[${hydra:callbacks.b0}]"],
+     "hydra.callbacks.b0=[1, 1]: a Hydra callback is a mapping with a _target_"),
+    (["+hydra.callbacks.sweep.x=${hydra:job.name}"], "hydra.callbacks.sweep.x='${hydra:job.name}': tamrun's "
+     "callbacks take no arguments"),
 ], ids=["read_pickle", "numpy_load", "joblib_load", "file_handler_on_the_store", "nested_in_a_callback",
         "under_model", "redaction_removed", "launcher", "sweeper", "search_space", "log_handler_class",
         "log_file_on_the_store", "ext_stream",
-        "python_resolver", "oc_decode", "unset_variable", "pkg_searchpath", "env_set", "ray_runtime_env"])
+        "python_resolver", "oc_decode", "unset_variable", "pkg_searchpath", "env_set", "ray_runtime_env",
+        "log_root_handler", "log_logger_handler", "log_version", "hydra_log_root_handler", "log_format",
+        "log_level", "log_stream", "deep_override", "callback_not_a_mapping", "callback_argument"])
 def test_the_command_line_names_no_code(folder, args, key_value):
     refused(folder, [*args, *CSV], key_value)
 
@@ -159,12 +185,22 @@ def test_the_command_line_names_no_code(folder, args, key_value):
     ("aliases", "{folder}/experiments/experiment/aliases.yaml line 9='more than 100,000 values': this YAML file "
                 "expands past tamrun's limit (MAX_CONFIG_NODES"),
     ("references", "hydra.job_logging.b5='more than 100,000 values': the composed config expands past"),
+    ("deep", "{folder}/experiments/experiment/deep.yaml='nested deeper than 100 levels': lists or mappings nested "
+             "past tamrun's limit (MAX_CONFIG_DEPTH"),
+    ("big", "{folder}/experiments/experiment/big.yaml='{size:,} bytes': this config file is larger than tamrun "
+            "reads (MAX_CONFIG_BYTES = 262,144 bytes"),
+    ("variables", "hydra.job.env_set='101 variables': a config sets at most 100 variables for its jobs "
+                  "(MAX_JOB_VARIABLES"),
 ])
 def test_a_config_dir_file_names_no_code_and_no_bomb(folder, experiment, key_value):
-    """The same in an experiment file of ``--config-dir`` (the bombs took > 120 s before: the timeout)."""
+    """The same in an experiment file of ``--config-dir`` (the bombs took > 120 s before: the timeout; the
+    file of 10,000 nested lists was a RecursionError, a 14 MB one read for minutes, and 40,000 variables set
+    for the job took 2 minutes and ended in an internal error)."""
     multirun = ["-m"] if experiment == "launcher" else []
+    big = folder / "experiments" / "experiment" / "big.yaml"
+    assert big.stat().st_size > MAX_CONFIG_BYTES
     refused(folder, [*multirun, "--config-dir", "experiments", *CSV, f"+experiment={experiment}"],
-            key_value.format(folder=folder.resolve()))
+            key_value.format(folder=folder.resolve(), size=big.stat().st_size))
 
 
 @pytest.mark.parametrize("options", [
@@ -207,3 +243,25 @@ def test_the_size_limit_counts_what_aliases_and_references_expand_to():
         check_composed(OmegaConf.create(yaml.safe_load(reference_bomb())))
     # b0 = 9 values, b(i) = 1 + 8 (1 + b(i-1)): 9 + 81 + 657 + 5,265 + 42,129, and 3 mappings above them
     assert config_size(yaml.safe_load(reference_bomb(levels=4))) == (48_144, "config")
+
+
+def test_a_hydra_resolver_reference_counts_as_what_it_names():
+    """``${hydra:callbacks.b0}`` expands to the list it names, as ``${hydra.callbacks.b0}`` would: the
+    root, hydra, callbacks, b0 (3 values) and b1 (its list, and the reference's 4)."""
+    tree = {"hydra": {"callbacks": {"b0": [1, 1], "b1": ["${hydra:callbacks.b0}"]}}}
+    assert config_size(tree) == (11, "config")
+
+
+def test_an_override_over_the_byte_limit_is_refused_before_it_is_parsed():
+    """Linux passes no command-line argument over 128 KiB, but Hydra's compose API has no such bound: an
+    override over `MAX_CONFIG_BYTES` is refused, named by its key, before Hydra's parser reads it."""
+    size = MAX_CONFIG_BYTES + 1
+    code = ("from hydra import compose, initialize_config_dir\n"
+            "from tamrun.config.load import config_dir\nfrom tamrun.config.store import register_configs\n"
+            "from tamrun.process.hydra_loader import install\ninstall()\nregister_configs()\n"
+            "with initialize_config_dir(config_dir=str(config_dir()), version_base='1.3'):\n"
+            f"    compose(config_name='config', overrides=['+tracking.tags.x=' + 'a' * {size - 17}])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert (f"+tracking.tags.x='{size:,} bytes': this override is larger than tamrun reads (MAX_CONFIG_BYTES = "
+            f"{MAX_CONFIG_BYTES:,} bytes") in done.stderr, done.stderr[-3000:]

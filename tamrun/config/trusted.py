@@ -16,17 +16,25 @@ included, before any of that, and refuses (a `ConfigError` naming the key and th
 - a variable set for the job other than a tracking one (``hydra.job.env_set``, a Ray launcher's
   ``runtime_env``: `check_environment`, `check_runtime_env`), and a ``pkg://`` config source of a package other than
   `CONFIG_PACKAGES` (`check_package`: reading it imports it);
-- a config larger than `MAX_CONFIG_NODES` values once its references are expanded.
+- a logging mapping dictConfig would fail on (`check_logging_structure`: a version other than 1, a
+  handler, formatter or filter named but not defined, a level logging does not know, a format that does
+  not format a record);
+- a ``hydra.callbacks`` value that is not a mapping with a ``_target_``;
+- a config larger than `MAX_CONFIG_NODES` values once its references are expanded, or nested deeper
+  than `MAX_CONFIG_DEPTH`.
 
 `yaml_size` bounds a YAML file's aliases the same way before OmegaConf expands them (an alias bomb of
 3 KB, 8 levels of 8, is 19 million values); `yaml_error` names a YAML file Hydra could not read (a tag that would
 build an object, ``!!python/object``, is one: OmegaConf's loader is yaml's safe one). Hydra calls them
-through `tamrun.process.hydra_loader`.
+through `tamrun.process.hydra_loader`, which also refuses a file over `MAX_CONFIG_BYTES` before it is
+parsed (`check_bytes`) and text nested past Python's recursion limit (`too_deep`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from functools import lru_cache
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -35,6 +43,12 @@ from tamrun.errors import ConfigError
 # The most values (mappings, lists and scalars, each alias and ${reference} counted as what it expands
 # to) one YAML file or one composed config may hold. tamrun's largest composed config has about 480.
 MAX_CONFIG_NODES = 100_000
+# The most bytes one config file (or one command-line override) may have, refused before it is parsed
+# (OmegaConf reads about 130 KB a second): tamrun's largest file, conf/config.yaml, has about 3.5 KB.
+MAX_CONFIG_BYTES = 256 * 1024
+# The deepest a composed config may nest mappings and lists (tamrun's nest about 8 levels); deeper text
+# than Python's recursion allows (about 1,000 levels) is refused as it is parsed.
+MAX_CONFIG_DEPTH = 100
 
 CALLBACKS = ("tamrun.process.hydra_files.RedactedHydraFiles", "tamrun.sweeps.sweep.SweepCallback")
 LAUNCHERS = (
@@ -71,12 +85,17 @@ FILTER_KEYS = ("name",)  # logging.Filter's: no factory
 LOG_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
 LOG_FILE_SUFFIX = ".log"  # a file handler writes a log, never the tracking store or a data file
 LOG_FILE_MODES = ("a", "w")
+LOG_VERSION = 1  # the only version of logging.config.dictConfig's schema
+# What each logging entry may name, and where the names are defined: a logger's or the root's handlers
+# and filters, a handler's filters and formatter.
+LOG_NAMES = (("handlers", "handlers"), ("filters", "filters"), ("formatter", "formatters"))
 # Interpolations into the logging mappings: the two Hydra's default file handler names its file with.
 LOG_REFERENCES = ("hydra.runtime.output_dir", "hydra.job.name")
 # The packages a ``pkg://`` config source may read (importing them): Hydra's, its plugins' and tamrun's.
 CONFIG_PACKAGES = ("hydra", "hydra_plugins", "tamrun")
-RESOLVERS = ("now", "oc.env", "hydra")
-ENV_PREFIXES = ("MLFLOW_", "TAMRUN_")  # the variables a config may set for its jobs: tracking's (docs/scale.md)  # Hydra's ${now:...} and ${hydra:...}, OmegaConf's ${oc.env:...}
+RESOLVERS = ("now", "oc.env", "hydra")  # Hydra's ${now:...} and ${hydra:...}, OmegaConf's ${oc.env:...}
+ENV_PREFIXES = ("MLFLOW_", "TAMRUN_")  # the variables a config may set for its jobs: tracking's (docs/scale.md)
+MAX_JOB_VARIABLES = 100  # the most a config may set for its jobs (tracking needs a handful)
 
 SEE = "docs/reliability.md, 'A config is data'"
 
@@ -172,7 +191,8 @@ def check_logging(path: Tuple[str, ...], config: Dict[str, Any], job_name: str) 
     (`LOG_HANDLERS`, `FORMATTER_KEYS`, `FILTER_KEYS`), a log file not named ``*.log`` and any value that
     would make logging import something (``ext://``, ``cfg://``) other than `LOG_STREAMS`."""
     for section in ("handlers", "formatters", "filters"):
-        for name, entry in (config.get(section) or {}).items():
+        entries = config.get(section)
+        for name, entry in (entries if isinstance(entries, dict) else {}).items():
             if not isinstance(entry, dict):
                 continue
             where = path + (section, str(name))
@@ -200,6 +220,10 @@ def handler_keys(where: Tuple[str, ...], entry: Dict[str, Any]) -> Tuple[str, ..
         raise ConfigError(dotted(where + ("filename",)), filename, "a log handler writes only a file named "
                           f"*{LOG_FILE_SUFFIX} (never the tracking store or a data file)",
                           f"name a log file ending in {LOG_FILE_SUFFIX}, e.g. ${{hydra.runtime.output_dir}}/run.log")
+    stream = entry.get("stream", LOG_STREAMS[0])
+    if not (isinstance(stream, str) and stream.startswith(("ext://", "cfg://"))):  # those: `check_log_text`
+        raise ConfigError(dotted(where + ("stream",)), stream, "a log handler writes to the terminal only",
+                          f"use one of: {', '.join(LOG_STREAMS)}")
     if mode not in LOG_FILE_MODES:
         raise ConfigError(dotted(where + ("mode",)), mode, "not a mode a log file is written with",
                           f"use one of: {', '.join(LOG_FILE_MODES)}")
@@ -218,10 +242,81 @@ def check_log_text(where: Tuple[str, ...], value: str, job_name: str) -> None:
     if "hydra.job.name" in keys and not job_name.replace("-", "_").replace(".", "_").isidentifier():
         raise ConfigError("hydra.job.name", job_name, f"a job name that {key} interpolates is a plain name",
                           "use letters, digits, '_', '-' and '.', e.g. hydra.job.name=tamrun")
-    text = value.replace("${hydra.runtime.output_dir}", "/").replace("${hydra.job.name}", job_name)
+    text = log_text(value, job_name)
     if text.startswith(("ext://", "cfg://")) and text not in LOG_STREAMS:
         raise ConfigError(key, value, "logging would import what this names (a config is data)",
                           f"use one of: {', '.join(LOG_STREAMS)}")
+
+
+def log_text(value: str, job_name: str) -> str:
+    """A logging value as it reads once `LOG_REFERENCES` are resolved (the output folder as ``/``)."""
+    return value.replace("${hydra.runtime.output_dir}", "/").replace("${hydra.job.name}", job_name)
+
+
+def check_logging_structure(path: Tuple[str, ...], config: Dict[str, Any], job_name: str) -> None:
+    """Refuse a logging mapping that ``logging.config.dictConfig`` (or each log line) would fail on: no
+    ``root`` key (Hydra reads it; null configures nothing), a version other than `LOG_VERSION`, an entry
+    that is not a mapping, a handler, filter or formatter named but not defined (`LOG_NAMES`), a level
+    logging does not know, a formatter that does not format a record."""
+    if "root" not in config:
+        raise ConfigError(dotted(path + ("root",)), None, "Hydra reads the root logger of a logging config "
+                          "(null: logging left as it is)", f"set {dotted(path + ('root',))}=null, or keep Hydra's")
+    if config["root"] is None:
+        return
+    if config.get("version") != LOG_VERSION:
+        raise ConfigError(dotted(path + ("version",)), config.get("version"), "logging's dictConfig reads "
+                          f"version {LOG_VERSION} only", f"set {dotted(path + ('version',))}={LOG_VERSION}")
+    sections = {name: config.get(name) or {} for name in ("handlers", "formatters", "filters", "loggers")}
+    users = [(path + ("root",), config["root"])]
+    for section, entries in sections.items():
+        if not isinstance(entries, dict):
+            raise ConfigError(dotted(path + (section,)), entries, "not a mapping of names to logging "
+                              f"{section}", f"write {dotted(path + (section,))} as Hydra's own logging configs do")
+        users += [(path + (section, str(name)), entry) for name, entry in entries.items()]
+    for where, entry in users:
+        if not isinstance(entry, dict):
+            raise ConfigError(dotted(where), entry, "not a mapping, as logging's dictConfig reads it",
+                              f"write {dotted(where)} as Hydra's own logging configs do ({SEE})")
+        check_log_names(path, where, entry, sections)
+        level = entry.get("level", logging.INFO)
+        if not isinstance(level, int) and str(level) not in logging.getLevelNamesMapping():
+            raise ConfigError(dotted(where + ("level",)), level, "not a level logging knows",
+                              "use one of: DEBUG, INFO, WARNING, ERROR, CRITICAL")
+    for name, entry in sections["formatters"].items():
+        check_formatter(path + ("formatters", str(name)), entry, job_name)
+
+
+def check_log_names(path: Tuple[str, ...], where: Tuple[str, ...], entry: Dict[str, Any],
+                    sections: Dict[str, Any]) -> None:
+    """Refuse a name in ``entry`` (a logger's, the root's or a handler's) of a handler, filter or
+    formatter that the logging mapping at ``path`` does not define."""
+    for field, section in LOG_NAMES:
+        names = entry.get(field)
+        if names is None or where[-2:-1] == (section,):
+            continue
+        listed = [(where + (field,), names)] if field == "formatter" else \
+            [(where + (field, index), name) for index, name in enumerate(names)] if isinstance(names, list) \
+            else [(where + (field,), names)]
+        for key, name in listed:
+            if not isinstance(name, str) or name not in sections[section]:
+                defined = ", ".join(map(str, sections[section])) or "none"
+                raise ConfigError(dotted(key), name, f"no such {section[:-1]} in {dotted(path + (section,))} "
+                                  f"(defined: {defined})", f"name one defined there, or define it ({SEE})")
+
+
+def check_formatter(where: Tuple[str, ...], entry: Dict[str, Any], job_name: str) -> None:
+    """Refuse a logging formatter whose ``format``, ``datefmt`` or ``style`` does not format a record:
+    dictConfig would refuse it, or every log line would print a '--- Logging error ---' traceback."""
+    text = {key: log_text(value, job_name) if isinstance(value, str) else value for key, value in entry.items()}
+    try:
+        formatter = logging.Formatter(text.get("format"), text.get("datefmt"), text.get("style", "%"),
+                                      bool(text.get("validate", True)))
+        formatter.format(logging.LogRecord("tamrun", logging.INFO, __file__, 1, "a message", None, None))
+    except Exception as exc:  # noqa: BLE001 (whatever a format raises: the user's text, named below)
+        key = "format" if "format" in entry else next(iter(entry), "format")
+        raise ConfigError(dotted(where + (key,)), entry.get(key), f"does not format a log record "
+                          f"({type(exc).__name__}: {exc})", "use logging's record fields, e.g. "
+                          "'[%(asctime)s][%(name)s][%(levelname)s] - %(message)s'") from None
 
 
 def graph_size(root: Any, edges: Any, key: Any, limit: int = MAX_CONFIG_NODES) -> Tuple[int, Any]:
@@ -270,10 +365,17 @@ def config_size(tree: Dict[str, Any]) -> Tuple[int, str]:
             return [path + (str(name),) for name in node]
         if isinstance(node, list):
             return [path + (str(index),) for index in range(len(node))]
-        return [reference_path(path, name) for name in interpolations(node)[1]] if isinstance(node, str) else []
+        return [reference_path(path, name) for name in references(node)] if isinstance(node, str) else []
 
     size, path = graph_size((), edges, lambda path: path)
     return size, dotted(path) or "config"
+
+
+def references(value: str) -> Tuple[str, ...]:
+    """The keys a value's interpolations name: ``${key}`` and ``${hydra:key}`` (as ``hydra.key``)."""
+    calls, keys = interpolations(value)
+    return keys + tuple(f"hydra.{arguments[0]}" for name, arguments in calls
+                        if name == "hydra" and len(arguments) == 1 and "${" not in arguments[0])
 
 
 def reference_path(path: Tuple[str, ...], name: str) -> Tuple[str, ...]:
@@ -305,6 +407,21 @@ def yaml_size(text: str) -> Tuple[int, str]:
     return size, f"line {node.start_mark.line + 1}"
 
 
+def check_bytes(where: str, size: int, what: str) -> None:
+    """Refuse a config text (a file, an override) over `MAX_CONFIG_BYTES`, before anything parses it."""
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(where, f"{size:,} bytes", f"{what} is larger than tamrun reads (MAX_CONFIG_BYTES = "
+                          f"{MAX_CONFIG_BYTES:,} bytes, tamrun/config/trusted.py)",
+                          "write a smaller config: tamrun's own largest file has about 3.5 KB")
+
+
+def too_deep(where: str) -> ConfigError:
+    """The `ConfigError` of a config text (a file, an override) nested past what Python's parsers recurse."""
+    return ConfigError(where, f"nested deeper than {MAX_CONFIG_DEPTH} levels", "lists or mappings nested past "
+                       f"tamrun's limit (MAX_CONFIG_DEPTH, tamrun/config/trusted.py; Python's parsers stop near "
+                       f"{sys.getrecursionlimit():,})", "write the values with less nesting")
+
+
 def check_size(where: str, size: int, what: str) -> None:
     if size > MAX_CONFIG_NODES:
         raise ConfigError(where, f"more than {MAX_CONFIG_NODES:,} values", f"{what} expands past tamrun's limit "
@@ -324,7 +441,12 @@ def check_package(path: str) -> None:
 def check_environment(path: Tuple[str, ...], variables: Any) -> None:
     """Refuse a variable a config sets for its jobs (``hydra.job.env_set``, a Ray launcher's
     ``runtime_env.env_vars``) unless it is a tracking variable (`ENV_PREFIXES`): another (LD_PRELOAD,
-    PATH, GIT_CONFIG_GLOBAL, PYTHONSTARTUP, ...) can make a program the job starts run code."""
+    PATH, GIT_CONFIG_GLOBAL, PYTHONSTARTUP, ...) can make a program the job starts run code; more than
+    `MAX_JOB_VARIABLES` of them."""
+    if len(variables or {}) > MAX_JOB_VARIABLES:
+        raise ConfigError(dotted(path), f"{len(variables):,} variables", f"a config sets at most "
+                          f"{MAX_JOB_VARIABLES} variables for its jobs (MAX_JOB_VARIABLES, tamrun/config/trusted.py)",
+                          "export the others in the shell that starts tamrun")
     for name, value in (variables or {}).items():
         if not str(name).startswith(ENV_PREFIXES):
             raise ConfigError(dotted(path + (name,)), value, "a config is data: the variables it sets for a job are "
@@ -356,8 +478,18 @@ def check_target_fields(tree: Dict[str, Any]) -> None:
 
 
 def check_callbacks(hydra: Dict[str, Any]) -> None:
-    """Refuse a job's composed config (``hydra.job.config_name`` set by Hydra: not ``--hydra-help``'s
-    composition of Hydra's own) without `KEPT_CALLBACKS`."""
+    """Refuse a callback that is not a mapping of a ``_target_`` alone (tamrun's take no arguments), and a
+    job's composed config (``hydra.job.config_name`` set by Hydra: not ``--hydra-help``'s composition of
+    Hydra's own) without `KEPT_CALLBACKS`."""
+    for name, entry in (hydra.get("callbacks") or {}).items():
+        if not isinstance(entry, dict) or "_target_" not in entry:
+            raise ConfigError(f"hydra.callbacks.{name}", entry, "a Hydra callback is a mapping with a _target_ "
+                              "(Hydra builds each)", f"remove hydra.callbacks.{name} ({SEE})")
+        extra = sorted(set(entry) - {"_target_"})
+        if extra:
+            key = extra[0]
+            raise ConfigError(f"hydra.callbacks.{name}.{key}", entry[key], "tamrun's callbacks take no arguments "
+                              "(Hydra builds them before ${hydra:...} resolves)", f"remove hydra.callbacks.{name}.{key}")
     if (hydra.get("job") or {}).get("config_name") is None:
         return
     for name, target in KEPT_CALLBACKS.items():
@@ -378,6 +510,8 @@ def check_composed(cfg: Any) -> None:
 
     tree = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     for path, value in walk(tree):
+        if len(path) > MAX_CONFIG_DEPTH:
+            raise too_deep(dotted(path[:MAX_CONFIG_DEPTH]))
         if isinstance(value, dict) and "_target_" in value:
             check_target(path, value)
         elif isinstance(value, str):
@@ -392,7 +526,9 @@ def check_composed(cfg: Any) -> None:
     check_environment(("hydra", "job", "env_set"), (hydra.get("job") or {}).get("env_set"))
     for name in LOGGING:
         if isinstance(hydra.get(name), dict):
-            check_logging(("hydra", name), hydra[name], str((hydra.get("job") or {}).get("name")))
+            job_name = str((hydra.get("job") or {}).get("name"))
+            check_logging_structure(("hydra", name), hydra[name], job_name)
+            check_logging(("hydra", name), hydra[name], job_name)
 
 
 def yaml_error(where: str, error: Exception) -> ConfigError:

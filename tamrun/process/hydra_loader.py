@@ -24,13 +24,15 @@ from hydra._internal.core_plugins import file_config_source as hydra_file_source
 from hydra._internal.core_plugins import importlib_resources_config_source as hydra_package_source
 from hydra.plugins.config_source import ConfigResult
 
-from tamrun.config.trusted import check_composed, check_package, check_size, yaml_error, yaml_size
+from tamrun.config.trusted import (MAX_CONFIG_DEPTH, check_bytes, check_composed, check_package, check_size,
+                                   too_deep, yaml_error, yaml_size)
 
 
 class FileConfigSource(hydra_file_source.FileConfigSource):
     """Hydra's ``file://`` config source (the primary config's folder, ``--config-dir``,
     ``hydra.searchpath``), refusing a YAML file whose aliases expand past
-    `tamrun.config.trusted.MAX_CONFIG_NODES` or that yaml cannot read (a ``!!python/object`` tag).
+    `tamrun.config.trusted.MAX_CONFIG_NODES`, larger than `tamrun.config.trusted.MAX_CONFIG_BYTES` (before it is parsed),
+    nested past Python's recursion limit or that yaml cannot read (a ``!!python/object`` tag).
     It keeps the name of Hydra's class: Hydra's registry of sources compares names, and a sweep's
     worker, which restores the registry and then registers Hydra's own sources, keeps this one."""
 
@@ -40,11 +42,14 @@ class FileConfigSource(hydra_file_source.FileConfigSource):
         path = Path(os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path))))
         try:
             if path.is_file():
+                check_bytes(str(path), path.stat().st_size, "this config file")
                 size, line = yaml_size(path.read_text(encoding="utf-8", errors="replace"))
                 check_size(f"{path} {line}", size, "this YAML file")
             return super().load_config(config_path)
         except yaml.YAMLError as exc:
             raise yaml_error(str(path), exc) from None
+        except RecursionError:
+            raise too_deep(str(path)) from None
 
 
 class ImportlibResourcesConfigSource(hydra_package_source.ImportlibResourcesConfigSource):
@@ -68,15 +73,41 @@ def use_trusted_sources() -> None:
 
 
 class TrustedConfigLoader(ConfigLoaderImpl):
-    """Hydra's config loader, whose every composition is checked (`check_composed`) before it returns."""
+    """Hydra's config loader, whose every composition is checked (`check_composed`) before it returns:
+    an override over `MAX_CONFIG_BYTES` refused before it is parsed, one nested past Python's recursion
+    limit named."""
 
     def load_configuration(self, config_name: Optional[str], overrides: List[str], run_mode: Any,
                            from_shell: bool = True, validate_sweep_overrides: bool = True) -> Any:
         use_trusted_sources()  # again in a sweep's worker, which unpickled this loader
-        cfg = super().load_configuration(config_name, overrides, run_mode, from_shell=from_shell,
-                                         validate_sweep_overrides=validate_sweep_overrides)
-        check_composed(cfg)
+        for override in overrides:
+            check_bytes(override_key(override), len(override.encode("utf-8", "replace")), "this override")
+        try:
+            cfg = super().load_configuration(config_name, overrides, run_mode, from_shell=from_shell,
+                                             validate_sweep_overrides=validate_sweep_overrides)
+            check_composed(cfg)
+        except RecursionError:
+            raise too_deep(deepest(overrides)) from None
         return cfg
+
+
+def override_key(override: str) -> str:
+    """The key an override sets (``+a.b=[...]``: ``+a.b``)."""
+    return override.split("=", 1)[0]
+
+
+def deepest(overrides: List[str]) -> str:
+    """The key of the override whose brackets nest deepest past `MAX_CONFIG_DEPTH` (the one Hydra's
+    parser recursed on), or "the composed config" when none does."""
+    def depth(text: str) -> int:
+        level = most = 0
+        for char in text:
+            level += 1 if char in "[{" else -1 if char in "]}" else 0
+            most = max(most, level)
+        return most
+
+    deep = max(overrides, key=depth, default="")
+    return override_key(deep) if deep and depth(deep) > MAX_CONFIG_DEPTH else "the composed config"
 
 
 def install() -> None:
