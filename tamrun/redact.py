@@ -32,7 +32,7 @@ import os
 import re
 import sys
 import traceback
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional
 
 MASK = "***"
 SHORTEST_SECRET = 6  # an environment value shorter than this is not searched for (it would mask common words)
@@ -102,12 +102,23 @@ def _secret_values(environ: Mapping[str, str]) -> Iterable[str]:
     return sorted(values, key=len, reverse=True)
 
 
+def environment_now() -> Dict[str, str]:
+    """``os.environ`` copied: another thread may unset a variable while it is read (MLflow's telemetry
+    does), which iterating ``os.environ.items()`` meets as a KeyError; a variable gone meanwhile is left out."""
+    copy = {}
+    for name in list(os.environ):  # the names at once (a list of the dict's keys), each value read after
+        value = os.environ.get(name)
+        if value is not None:
+            copy[name] = value
+    return copy
+
+
 def redacted(text: str, environ: Optional[Mapping[str, str]] = None) -> str:
     """``text`` with every secret replaced by ``***`` (the module's docstring lists what is secret);
     ``environ`` (default ``os.environ``) gives the secret variables whose values are masked anywhere."""
     if not text:
         return text
-    for value in _secret_values(os.environ if environ is None else environ):
+    for value in _secret_values(environment_now() if environ is None else environ):
         text = text.replace(value, MASK)
     text = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}{m.group('sep')}{MASK}@", text)
     text = _URI_USER.sub(lambda m: f"{m.group('head')}{MASK}@" if looks_like_credential(m.group("user"))
