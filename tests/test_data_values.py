@@ -199,8 +199,10 @@ def test_a_dictionary_encoded_column_is_read_as_plain_values(columns, tmp_path, 
         pq.write_table(dictionary_encoded(frame, columns), path)
     code, output, status = ran(path, tmp_path, migrated_store, monkeypatch, capsys)
     assert code == 0 and status == "FINISHED", output[-3000:]
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # the store its files are checked against
     model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
     rows = frame[frame["date"] >= "2022-01-01"].head(4).assign(date=lambda f: f["date"].dt.strftime("%Y-%m-%d"))
     predicted = pd.DataFrame(model.predict(rows[["date", "g", "x"]]))

@@ -146,12 +146,10 @@ def test_one_group_far_outside_its_training_data_is_withheld_and_the_run_finishe
     assert alone.metrics["groups_unsupported"] == 0
     for name in ("rmse_test", "mape_test", "rmse_train", "coverage_80_test"):
         assert result.metrics[name] == pytest.approx(alone.metrics[name], rel=1e-9), name
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(store_uri)
-    try:  # the logged model's input example: the supported groups' rows (the withheld group's open the split)
+    with pytest.MonkeyPatch.context() as patch:  # not set_tracking_uri: it would outlive the test in its worker
+        patch.setenv("MLFLOW_TRACKING_URI", store_uri)
+        # the logged model's input example: the supported groups' rows (the withheld group's open the split)
         example = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model").input_example
-    finally:
-        mlflow.set_tracking_uri(previous)
     assert len(example) == 5 and 0 not in set(example["g"]) and example["x"].max() <= 10
 
 
