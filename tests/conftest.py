@@ -326,3 +326,19 @@ def by_name(logged: Dict[str, float]) -> Dict[str, float]:
     from tamrun.tracking.metric_keys import metric_name
 
     return {metric_name(key): value for key, value in logged.items()}
+
+
+def log_recorded_model(client, experiment_id: str, run_id: str, folder: Path) -> str:
+    """A LoggedModel of the run ``run_id`` whose one file (an MLmodel naming it, written in ``folder``) is
+    uploaded through ``client`` and recorded in its store as a run records its model's files
+    (`tamrun.tracking.model_files`), so that registering's check of its files passes; its id."""
+    from mlflow.models import Model
+
+    from tamrun.tracking.model_files import MANIFEST_TAG, file_digests, manifest_text
+
+    logged = client.create_logged_model(experiment_id, source_run_id=run_id, name="model")
+    folder.mkdir(parents=True, exist_ok=True)
+    Model(run_id=run_id, model_id=logged.model_id).save(str(folder / "MLmodel"))
+    client.log_model_artifacts(logged.model_id, str(folder))
+    client.set_logged_model_tags(logged.model_id, {MANIFEST_TAG: manifest_text(file_digests(folder))})
+    return logged.model_id

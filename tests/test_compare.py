@@ -9,6 +9,8 @@ import sys
 
 from mlflow import MlflowClient
 
+from conftest import log_recorded_model
+
 
 def compare(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tamrun.compare", *args], cwd=cwd, capture_output=True, text=True,
@@ -110,19 +112,9 @@ def model_store(tmp_path):
     """`ranked_store` with a LoggedModel of the best run, 'b': its one file (an MLmodel naming it) under
     tmp_path, recorded in the store as a run records its model's files (`tamrun.tracking.model_files`), so
     that registering's check of its files passes."""
-    from mlflow.models import Model
-
-    from tamrun.tracking.model_files import MANIFEST_TAG, file_digests, manifest_text
-
     store, ids = ranked_store(tmp_path)
     client = MlflowClient(store)
-    logged = client.create_logged_model(client.get_run(ids["b"]).info.experiment_id, source_run_id=ids["b"],
-                                        name="model")
-    folder = tmp_path / "model"
-    folder.mkdir()
-    Model(run_id=ids["b"], model_id=logged.model_id).save(str(folder / "MLmodel"))
-    client.log_model_artifacts(logged.model_id, str(folder))
-    client.set_logged_model_tags(logged.model_id, {MANIFEST_TAG: manifest_text(file_digests(folder))})
+    log_recorded_model(client, client.get_run(ids["b"]).info.experiment_id, ids["b"], tmp_path / "model")
     return store, ids
 
 

@@ -213,6 +213,7 @@ def test_every_tamrun_exception_pickles_to_the_same_error():
     from tamrun.errors import Abort
     from tamrun.machine.tracker import BudgetExceeded
     from tamrun.machine.placement import PlacementError
+    from tamrun.tracking.model_files import ModelFileError
     from tamrun.tracking.model_state import ModelStateError
     from tamrun.tracking.signals import Terminated
 
@@ -221,7 +222,8 @@ def test_every_tamrun_exception_pickles_to_the_same_error():
                                                   NumericalError, FilesystemError, TamrunError)}
     samples.update({Terminated: Terminated(signal.SIGTERM), BudgetExceeded: BudgetExceeded("2 GiB over the budget"),
                     PlacementError: PlacementError("mixed devices"), Abort: Abort(ConfigError(*fields)),
-                    ModelStateError: ModelStateError("not a model state tamrun wrote")})
+                    ModelStateError: ModelStateError("not a model state tamrun wrote"),
+                    ModelFileError: ModelFileError(*fields)})
     assert set(tamrun_exceptions().values()) == set(samples), "an exception class without a sample here"
     for kind, original in samples.items():
         original.run_open = True  # an attribute a job sets on its error (tamrun.tracking.mlflow_run)

@@ -26,7 +26,7 @@ from typing import Dict, Iterator
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import csv_overrides
+from conftest import csv_overrides, log_recorded_model
 from local_cluster import nodes_alive, ray_cluster
 from servers import (ADMIN, ADMIN_PASSWORD, TEAM_EXPERIMENT, USERS, client_env, credentials, dated_certificate,
                      locked_server, self_signed_certificate, tls_listener)
@@ -161,9 +161,10 @@ SECOND, SECOND_PASSWORD = "second", "second-secret-pw-5"  # a second user who ma
 
 
 @pytest.fixture(scope="module")
-def registry_run(server) -> str:
+def registry_run(server, tmp_path_factory) -> str:
     """As the admin: the experiment `REGISTRY` (the writer and `SECOND` may EDIT it, the reader READ it);
-    as the writer: a FINISHED run there with a LoggedModel (no files: registering needs none). Its id."""
+    as the writer: a FINISHED run there with a LoggedModel, its one file recorded (`log_recorded_model`). Its id."""
+    folder = tmp_path_factory.mktemp("registry_model")
     from mlflow.server import get_app_client
 
     with client_env(credentials(ADMIN, ADMIN_PASSWORD, server.certificate)):
@@ -176,7 +177,7 @@ def registry_run(server) -> str:
         client = MlflowClient(tracking_uri=server.uri)
         run = client.create_run(experiment, run_name="best").info.run_id
         client.log_metric(run, "rmse_validation", 1.0)
-        client.create_logged_model(experiment, source_run_id=run, name="model")
+        log_recorded_model(client, experiment, run, folder)
         client.set_terminated(run)
     return run
 

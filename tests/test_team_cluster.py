@@ -34,7 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import RAY_TEST_ENV, csv_overrides
 from local_cluster import ray_cluster, wait_until
-from job_gate import GATE, RUN, open_gate
+from job_gate import FOLDER_ENV, GATE, RUN, open_gate
 from servers import MlflowServer, postgres_database
 from tamrun.tracking.sweep_record.sweep_files import SWEEP_FILE
 
@@ -233,13 +233,13 @@ def test_a_job_that_fails_on_its_worker_before_tamrun_runs_is_named_and_recorded
 def start_sweep(tmp_path: Path, csv_path: Path, server: MlflowServer, experiment: str, jobs: int) -> subprocess.Popen:
     """``jobs`` jobs one after the other (the basic launcher) into the server, runs held in tmp_path/held,
     each job starting when the test opens its gate (tests/job_gate.py)."""
-    env = environment(MLFLOW_TRACKING_URI=server.uri, PYTHONPATH=str(Path(__file__).parent), **HTTP)
+    env = environment(MLFLOW_TRACKING_URI=server.uri, PYTHONPATH=str(Path(__file__).parent),
+                      **{FOLDER_ENV: str(tmp_path / "gate")}, **HTTP)
     ks = ",".join(str(6 + 2 * i) for i in range(jobs))
     return subprocess.Popen([sys.executable, "-c", RUN, "-m", *csv_overrides(csv_path), *FAST, "tracking=server",
                              f"tracking.experiment={experiment}", f"tracking.held_dir={tmp_path / 'held'}",
                              f"model.effects.sx.k={ks}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                             f"+hydra.callbacks.gate._target_={GATE}",
-                             f"+hydra.callbacks.gate.folder={tmp_path / 'gate'}"],
+                             f"+hydra.callbacks.gate._target_={GATE}"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

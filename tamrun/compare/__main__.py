@@ -72,7 +72,13 @@ def open_store(store: str):
         raise ConfigError("--store", store, f"no MLflow store at {db}",
                           "run python -m tamrun here first, or pass --store with the store's URI")
     settings = TrackingConfig()
-    check_store(store, settings.connect_timeout_s, "--store")
+    try:
+        check_store(store, settings.connect_timeout_s, "--store")
+    except ConfigError as exc:  # a server that does not answer: named by the option that gave its URI
+        if exc.field != "tracking.uri" or "does not answer" not in exc.problem:
+            raise
+        raise ConfigError("--store", exc.value, exc.problem,
+                          "check the URI and start the server, or pass --store with a store that answers") from None
     try:
         client = open_client(store, settings.busy_timeout_s, settings.lock_timeout_s)
     except (MlflowException, SQLAlchemyError) as exc:  # a store MLflow cannot open: named, not a traceback

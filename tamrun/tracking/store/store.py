@@ -117,12 +117,11 @@ def check_store(uri: str, connect_timeout_s: float, setting: str = "tracking.uri
             raise filesystem_error(exc, [store_place(db, setting)]) from None
         return
     check_driver(uri)
-    check_answers(uri, connect_timeout_s, setting)
+    check_answers(uri, connect_timeout_s)
 
 
-def check_answers(uri: str, connect_timeout_s: float, setting: str = "tracking.uri") -> None:
-    """Refuse, naming ``setting`` (tracking.uri, or the option that gave the URI: ``--store``) and
-    tracking.connect_timeout_s, an http(s) server or a database
+def check_answers(uri: str, connect_timeout_s: float) -> None:
+    """Refuse, naming tracking.uri and tracking.connect_timeout_s, an http(s) server or a database
     server (postgresql://, mysql://, mssql://) that does not answer a TCP connection in time, and an
     https server whose certificate the client does not trust (`check_tls`)."""
     scheme = urlsplit(uri).scheme.split("+")[0]
@@ -135,11 +134,11 @@ def check_answers(uri: str, connect_timeout_s: float, setting: str = "tracking.u
         socket.create_connection((host, port), timeout=connect_timeout_s).close()
     except OSError as exc:
         what = "tracking server" if scheme.startswith("http") else "database server"
-        fix = ("use a local store (tracking.uri=sqlite:///outputs/mlflow.db), or set tracking.enabled=false"
-               if setting == "tracking.uri" else f"or pass {setting} with a store that answers")
-        raise ConfigError(setting, redacted(uri),
+        raise ConfigError("tracking.uri", redacted(uri),
                           f"the {what} {host}:{port} does not answer within tracking.connect_timeout_s="
-                          f"{connect_timeout_s:g} s ({exc})", f"check the URI and start the server, {fix}") from None
+                          f"{connect_timeout_s:g} s ({exc})",
+                          "check the URI and start the server, use a local store (tracking.uri=sqlite:///outputs/"
+                          "mlflow.db), or set tracking.enabled=false") from None
     if scheme == "https":
         check_tls(uri, host, port, connect_timeout_s)
 
