@@ -24,6 +24,7 @@ from hydra._internal.core_plugins import file_config_source as hydra_file_source
 from hydra._internal.core_plugins import importlib_resources_config_source as hydra_package_source
 from hydra.plugins.config_source import ConfigResult
 
+from tamrun.errors import ConfigError
 from tamrun.config.trusted import (MAX_CONFIG_DEPTH, check_bytes, check_composed, check_package, check_size,
                                    too_deep, yaml_error, yaml_size)
 
@@ -88,7 +89,20 @@ class TrustedConfigLoader(ConfigLoaderImpl):
             check_composed(cfg)
         except RecursionError:
             raise too_deep(deepest(overrides)) from None
+        except AttributeError as exc:  # OmegaConf merging a mapping into a node that is None (Optional[Dict])
+            raise unmergeable(exc, overrides) from None
         return cfg
+
+
+def unmergeable(exc: AttributeError, overrides: List[str]) -> ConfigError:
+    """The config error for an override OmegaConf could not merge (``+hydra.sweeper.params={...}`` onto
+    Optuna's ``params: null``): the key its message names, the override that sets it, and the fix."""
+    key = next((line.split(":", 1)[1].strip() for line in str(exc).splitlines()
+                if line.strip().startswith("full_key:")), "")
+    given = next((o for o in overrides if key and override_key(o).lstrip("+~") == key), None)
+    return ConfigError(key or "the command line", given or overrides, f"Hydra could not merge this value into the "
+                       f"config ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+                       f"set the mapping's keys one by one ({key or 'key'}.<name>=<value>), as docs/sweeps.md shows")
 
 
 def override_key(override: str) -> str:
