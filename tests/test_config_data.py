@@ -170,13 +170,15 @@ CSV = csv_overrides(Path("d.csv"))
     (["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", '+hydra.sweeper.params={seed: "range(1,3)"}'],
      "hydra.sweeper.params='+hydra.sweeper.params={seed: \"range(1,3)\"}': Hydra could not merge this value into "
      "the config (AttributeError"),
+    (["-m", "+experiment=tune_penalties", "hydra.sweeper.n_trials=1", "hydra.sweeper.storage=sqlite:///outputs/mlflow.db"],
+     "hydra.sweeper.storage='sqlite:///outputs/mlflow.db': it names the tracking store's sqlite file: Optuna would"),
 ], ids=["read_pickle", "numpy_load", "joblib_load", "file_handler_on_the_store", "nested_in_a_callback",
         "under_model", "redaction_removed", "launcher", "sweeper", "search_space", "log_handler_class",
         "log_file_on_the_store", "ext_stream",
         "python_resolver", "oc_decode", "unset_variable", "pkg_searchpath", "env_set", "ray_runtime_env",
         "log_root_handler", "log_logger_handler", "log_version", "hydra_log_root_handler", "log_format",
         "log_level", "log_stream", "deep_override", "callback_not_a_mapping", "callback_argument",
-        "mapping_onto_null"])
+        "mapping_onto_null", "optuna_storage_on_the_store"])
 def test_the_command_line_names_no_code(folder, args, key_value):
     refused(folder, [*args, *CSV], key_value)
 

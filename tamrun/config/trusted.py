@@ -43,6 +43,7 @@ from tamrun.errors import ConfigError
 # The most values (mappings, lists and scalars, each alias and ${reference} counted as what it expands
 # to) one YAML file or one composed config may hold. tamrun's largest composed config has about 480.
 MAX_CONFIG_NODES = 100_000
+DEFAULT_STORE = "sqlite:///outputs/mlflow.db"  # the store of a run whose tracking.uri and MLFLOW_TRACKING_URI are unset
 # The most bytes one config file (or one command-line override) may have, refused before it is parsed
 # (OmegaConf reads about 130 KB a second): tamrun's largest file, conf/config.yaml, has about 3.5 KB.
 MAX_CONFIG_BYTES = 256 * 1024
@@ -499,6 +500,24 @@ def check_callbacks(hydra: Dict[str, Any]) -> None:
                               "not a config's to remove", f"keep hydra.callbacks.{name} as conf/config.yaml has it")
 
 
+def sqlite_file(uri: Any) -> Any:
+    """The real path of a ``sqlite:///`` URI's file (relative to the working folder), None for another."""
+    if not isinstance(uri, str) or not uri.startswith("sqlite:///") or "${" in uri:
+        return None
+    return os.path.realpath(uri[len("sqlite:///"):].split("?", 1)[0])
+
+
+def check_sweeper_storage(storage: Any, tracking_uri: Any) -> None:
+    """Refuse Optuna's ``hydra.sweeper.storage`` naming the tracking store's sqlite file (tracking.uri, else
+    the environment's MLFLOW_TRACKING_URI, else tamrun's `DEFAULT_STORE`): Optuna would add its tables to
+    MLflow's store."""
+    store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_STORE
+    if sqlite_file(storage) is not None and sqlite_file(storage) == sqlite_file(store):
+        raise ConfigError("hydra.sweeper.storage", storage, "it names the tracking store's sqlite file: Optuna "
+                          "would write its own tables into MLflow's store", "give Optuna a file of its own "
+                          "(hydra.sweeper.storage=sqlite:///outputs/optuna.db), or leave it unset (in memory)")
+
+
 def check_composed(cfg: Any) -> None:
     """Refuse a composed config (the ``hydra`` node included) that names code, a resolver or an unset
     variable tamrun does not allow, or that expands past `MAX_CONFIG_NODES` (module doc).
@@ -524,6 +543,7 @@ def check_composed(cfg: Any) -> None:
     hydra = tree.get("hydra") or {}
     check_callbacks(hydra)
     check_environment(("hydra", "job", "env_set"), (hydra.get("job") or {}).get("env_set"))
+    check_sweeper_storage((hydra.get("sweeper") or {}).get("storage"), (tree.get("tracking") or {}).get("uri"))
     for name in LOGGING:
         if isinstance(hydra.get(name), dict):
             job_name = str((hydra.get("job") or {}).get("name"))
