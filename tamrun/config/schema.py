@@ -191,6 +191,10 @@ class DataConfig:
     # Without date_format, a first date such as 01/02/2024 reads day first (1 February), not month first;
     # dates that start with the year are ISO 8601 either way.
     dayfirst: bool = False
+    # The table's local time zone (IANA name, e.g. "Europe/Paris"); None: dates are taken as they are. When
+    # set, dates are held in UTC (naive) so that the hour the clocks go back is not a duplicate, the split's and
+    # the backtest's days are local midnights, and calendar parts are read in local time (tamrun/data/dates.py).
+    timezone: Optional[str] = None
     target: str = "Load"
     group: Optional[str] = "tod"
     # name -> DerivedColumn (typed when loaded, see `mapping_of`).

@@ -168,3 +168,12 @@ def unparsed(column: str, text: pd.Series, failed: pd.Series, form: DateFormat) 
     if owns and owns[0].startswith("%d") and not form.dayfirst and form.chosen != "data.date_format":
         fix += ", or data.dayfirst=true"
     return DataError("data.date_column", column, problem, fix)
+
+
+def table_time(days: pd.DatetimeIndex, timezone: Optional[str]) -> pd.DatetimeIndex:
+    """Local wall times ``days`` (naive; e.g. the split's and the backtest's midnights) as the table holds
+    its dates: unchanged without ``data.timezone``, else converted to naive UTC (local midnight never
+    falls in a clock change, which happens at night but not at midnight in the zones that shift)."""
+    if timezone is None:
+        return days
+    return days.tz_localize(timezone, ambiguous="raise", nonexistent="shift_forward").tz_convert("UTC").tz_localize(None)
