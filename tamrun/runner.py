@@ -1,7 +1,8 @@
 """run(cfg): build the parts from the config and hand them to the job the config names.
 
     config -> device manager -> MLflow run -> prepare (data, features, plan: `tamrun.jobs.prepare`)
-           -> job: run (`tamrun.jobs.fit`), plan (`tamrun.jobs.plan`) or adaptive (`tamrun.adaptive.job`)
+           -> job: run (`tamrun.jobs.fit`), plan (`tamrun.jobs.plan`), adaptive (`tamrun.adaptive.job`) or
+              backtest (`tamrun.adaptive.backtest`)
     mode=aggregate: config -> device manager -> MLflow run -> `tamrun.aggregate.job` (prepares each expert)
 """
 
@@ -14,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import tamrun
+from tamrun.adaptive.backtest import backtest_job, backtest_split
 from tamrun.adaptive.job import adaptive_job
 from tamrun.aggregate.job import aggregate_job
 from tamrun.config.load import resolved_container, typed_config
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 TRACKED_JOBS: Dict[ModeName, Callable[[Prepared, TrackedRun], RunResult]] = {
     ModeName.run: fit_job,
     ModeName.adaptive: adaptive_job,
+    ModeName.backtest: backtest_job,
 }
 
 
@@ -99,6 +102,8 @@ def tracked_job(cfg: Any, config: Config, specs: Dict[str, Any], devices: Device
     preparation (`prepare`) and record the splits as the run's inputs."""
     if config.mode.name == ModeName.aggregate:
         return aggregate_job(cfg, config, devices, tracked, libraries_loaded)
+    if config.mode.name == ModeName.backtest:  # its split: every row up to the last window's horizon
+        config = backtest_split(config)
     if config.shard.over == ShardOver.ray:  # chunks of groups as tasks of a Ray cluster
         if libraries_loaded is not None:
             libraries_loaded()

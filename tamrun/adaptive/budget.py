@@ -48,10 +48,11 @@ def window_oracle(config: Config, on_gpu: bool) -> MemoryOracle:
 
 
 def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_windows: int, step_rows: int,
-                 n_features: int, reserve: int = 0) -> WindowPlan:
+                 n_features: int, reserve: int = 0, backtest: bool = False) -> WindowPlan:
     """Route and batch sizes for ``n_windows`` refits of one window's problem ``size`` (n_rows = the
     longest window, n_predict_rows = the longest forecast), ``reserve`` bytes kept for the evaluation
-    and the recording. Raises `MemoryBudgetError` when one window of one group does not fit."""
+    and the recording; ``backtest``: mode=backtest's windows (backtest.max_batch_windows caps a batch).
+    Raises `MemoryBudgetError` when one window of one group does not fit."""
     oracle = window_oracle(config, devices.kind != "cpu")
     view = devices.memory(config.memory.safety_margin_bytes, reserve)
     plan = oracle.plan(size, view.free, config.solver.name.value, config.solver.dual, view.held, view.bound)
@@ -59,7 +60,8 @@ def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_wi
     fixed, per_window = window_costs(size, n_features, step_rows, updating, plan.fit.rows)
     fit = 0 if updating else plan.fit_cost.bytes(1, plan.fit.rows, 1.0)
     cost, budget, overhead = StepCost(fixed, per_window + fit), plan.budget, plan.overhead
-    cap = min(n_windows, config.adaptive.max_batch_windows or n_windows)
+    settings = config.backtest if backtest else config.adaptive
+    cap = min(n_windows, settings.max_batch_windows or n_windows)
     chunk = select_chunk(size.n_groups, cap, cost, budget, overhead, floor_rows=1, regrow_rows=False)
     if chunk is None:
         need = int(cost.bytes(1, 1, overhead) / plan.chunk_fraction) + 1
@@ -68,6 +70,7 @@ def plan_windows(config: Config, size: ProblemSize, devices: DeviceManager, n_wi
             bound.name, format_size(bound.size),
             f"one window of one group needs {format_size(cost.bytes(1, 1, overhead))} but the window budget "
             f"(memory.window_fraction_* of the free memory under {bound.describe()}) is {format_size(budget)}",
-            f"{bound.fix(need)}, or shorten adaptive.window")
+            f"{bound.fix(need)}, or shorten " + ("the windows (backtest.refit=sliding with a shorter backtest.length)"
+                                                 if backtest else "adaptive.window"))
     groups, windows = chunk
     return WindowPlan(plan, updating, groups, windows, budget, WindowCost(groups, fixed, per_window), fit)

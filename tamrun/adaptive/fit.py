@@ -67,19 +67,25 @@ class WindowFitter:
         self.penalty = design.penalty_operator().to(devices.device, history.x.dtype)
         self.stats = FitStats(route=window_plan.plan.route, group_chunk=window_plan.groups,
                               row_chunk=window_plan.plan.fit.rows)
+        self.refresh, self.keep = config.adaptive.refresh, config.adaptive.keep_coefficients
+        self.label = "adaptive"  # names the window loop's chunks
 
-    def _dispatcher(self, group: np.ndarray, plan, initial: Optional[torch.Tensor] = None) -> Dispatcher:
-        """A dispatcher over systems whose groups are ``group`` (S,), with a loop of its own under the
-        same tracker and OOM log (no timeline, no progress)."""
+    def system_design(self, k: np.ndarray, g: np.ndarray) -> AdditiveDesign:
+        """The design systems (k, g) are read through: group g's feature ranges, whatever the window."""
+        return system_design(self.design, g)
+
+    def _dispatcher(self, k: np.ndarray, g: np.ndarray, plan, initial: Optional[torch.Tensor] = None) -> Dispatcher:
+        """A dispatcher over the systems (k, g), with a loop of its own under the same tracker and OOM log
+        (no timeline, no progress)."""
         loop = ChunkLoop(self.loop.policy, self.loop.oom_log, self.loop.tracker, self.loop.free_memory)
-        return Dispatcher(system_design(self.design, group), self.devices, plan, self.config.solver, loop, initial)
+        return Dispatcher(self.system_design(k, g), self.devices, plan, self.config.solver, loop, initial)
 
     def fit(self) -> WindowFit:
         s, dtype = self.schedule, self.history.x.dtype
         width = self.design.width
-        forecast = torch.zeros(s.n_windows, s.n_groups, max(1, s.horizon_rows), dtype=dtype)
+        forecast = torch.zeros(s.n_windows, s.n_groups, self.horizon_rows(), dtype=dtype)
         coef = (torch.zeros(s.n_windows, s.n_groups, width, dtype=dtype)
-                if self.config.adaptive.keep_coefficients else None)
+                if self.keep else None)
         result = WindowFit(forecast, coef, self.stats, self.wplan.windows)
         fit_batch = self._updating_batch if self.wplan.updating else self._systems_batch
         for g0 in range(0, s.n_groups, self.wplan.groups):
@@ -100,37 +106,45 @@ class WindowFitter:
 
             cost = replace(self.wplan.cost, groups=len(groups))
             result.windows_per_batch = self.loop.run(step, s.n_windows, self.wplan.windows,
-                                                     f"adaptive/{self.wplan.plan.route}", cost, unit="windows")
+                                                     f"{self.label}/{self.wplan.plan.route}", cost, unit="windows")
         return result
 
     # ---- direct route: up/down-dated Grams -------------------------------------------------------
     def _fresh(self, k: int) -> bool:
-        refresh = self.config.adaptive.refresh
-        return k == 0 or (refresh > 0 and k % refresh == 0)
+        return k == 0 or (self.refresh > 0 and k % self.refresh == 0)
 
-    def _normal_equations(self, group: np.ndarray, start: np.ndarray, stop: np.ndarray):
+    def fresh_systems(self, k: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """(S,) whether each system's Gram comes from its rows rather than from the previous window's."""
+        return np.array([self._fresh(int(i)) for i in k], dtype=bool)
+
+    def _normal_equations(self, k: np.ndarray, g: np.ndarray, start: np.ndarray, stop: np.ndarray):
         """Unnormalised (S, D, D) Grams and (S, D) Phi'y of rows [start, stop) of each system's group."""
-        batch = gather_systems(self.history, group, start, stop)
-        return normal_equations(system_design(self.design, group), batch, slice(0, len(group)), self.devices.device,
+        batch = gather_systems(self.history, g, start, stop)
+        return normal_equations(self.system_design(k, g), batch, slice(0, len(g)), self.devices.device,
                                 self.wplan.plan.fit.rows)
 
     def _updating_batch(self, windows: range, groups: range, k: np.ndarray, g: np.ndarray, carry: dict):
         """Each system's Gram and Phi'y: the rows it gains and loses since the previous window (none
-        for a window whose Gram comes from its rows), summed in place window by window."""
+        for a system whose Gram comes from its rows), summed in place window by window."""
         s, n_groups = self.schedule, len(groups)
-        fresh = np.array([self._fresh(int(i)) for i in k])
+        fresh = self.fresh_systems(k, g)
         before = np.maximum(k - 1, 0)
-        grams, rhs = self._normal_equations(g, np.where(fresh, 0, s.hi[before, g]), np.where(fresh, 0, s.hi[k, g]))
-        removed, removed_rhs = self._normal_equations(g, np.where(fresh, 0, s.lo[before, g]),
+        grams, rhs = self._normal_equations(k, g, np.where(fresh, 0, s.hi[before, g]), np.where(fresh, 0, s.hi[k, g]))
+        removed, removed_rhs = self._normal_equations(k, g, np.where(fresh, 0, s.lo[before, g]),
                                                       np.where(fresh, 0, s.lo[k, g]))
         gram, vector = carry.get("gram"), carry.get("rhs")  # the previous window's (committed on success)
         for i, window in enumerate(windows):
             rows = slice(i * n_groups, (i + 1) * n_groups)
-            if self._fresh(window):
-                grams[rows], rhs[rows] = self._normal_equations(g[rows], s.lo[window, g[rows]], s.hi[window, g[rows]])
-            else:  # (G_{k-1} + added) - removed
+            new = fresh[rows]
+            if not new.any():  # (G_{k-1} + added) - removed
                 grams[rows].add_(gram).sub_(removed[rows])
                 rhs[rows].add_(vector).sub_(removed_rhs[rows])
+            else:
+                kept, at = np.nonzero(~new)[0], np.nonzero(new)[0] + rows.start
+                if len(kept):
+                    grams[kept + rows.start] = grams[kept + rows.start] + gram[kept] - removed[kept + rows.start]
+                    rhs[kept + rows.start] = rhs[kept + rows.start] + vector[kept] - removed_rhs[kept + rows.start]
+                grams[at], rhs[at] = self._normal_equations(k[at], g[at], s.lo[window, g[at]], s.hi[window, g[at]])
             gram, vector = grams[rows], rhs[rows]
         del removed, removed_rhs
         last = {"gram": gram.clone(), "rhs": vector.clone()}  # the next batch's start
@@ -145,7 +159,7 @@ class WindowFitter:
         batch = gather_systems(self.history, g, s.lo[k, g], s.hi[k, g])
         initial = carry["coef"].repeat(len(windows), 1) if "coef" in carry and plan.route == "cg" else None
         inner = replace(plan, fit=replace(plan.fit, groups=1 if plan.dual else max(plan.fit.groups, len(g))))
-        beta, stats = self._dispatcher(g, inner, initial).fit(batch)
+        beta, stats = self._dispatcher(k, g, inner, initial).fit(batch)
         self.stats.merge(stats)
         return beta.to(self.devices.device), {"coef": beta[-len(groups):].clone()}
 
@@ -153,5 +167,14 @@ class WindowFitter:
     def _forecast(self, k: np.ndarray, g: np.ndarray, beta: torch.Tensor) -> torch.Tensor:
         """(S, H) forecasts of each system's horizon rows by its coefficients (0 on padding), on the host."""
         s = self.schedule
-        batch = gather_systems(self.history, g, s.hi[k, g], s.end[k, g])
-        return predict_rows(system_design(self.design, g), beta, batch.x, self.devices.device, weight=batch.weight)
+        batch = gather_systems(self.history, g, self.forecast_start(k, g), s.end[k, g])
+        return predict_rows(self.system_design(k, g), beta, batch.x, self.devices.device, weight=batch.weight)
+
+    def horizon_rows(self) -> int:
+        """The longest forecast (rows of one system), at least 1."""
+        k, g = np.indices((self.schedule.n_windows, self.schedule.n_groups))
+        return max(1, int((self.schedule.end - self.forecast_start(k, g)).max()))
+
+    def forecast_start(self, k: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """The first forecast row of each system: its window's end."""
+        return self.schedule.hi[k, g]

@@ -23,7 +23,7 @@ from tamrun.adaptive.budget import WindowPlan, plan_windows
 from tamrun.adaptive.fit import WindowFit, WindowFitter
 from tamrun.adaptive.kalman_job import kalman_job
 from tamrun.adaptive.plots import adaptive_figure
-from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates
+from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates, span_rows
 from tamrun.config.schema import AdaptiveMethod
 from tamrun.data.batch import GroupedBatch
 from tamrun.fit.evaluate import mape, require_finite, require_plausible, rmse
@@ -48,10 +48,7 @@ log = logging.getLogger(__name__)
 
 def own_rows(schedule: WindowSchedule):
     """(k, g, n, j): for every history row n of group g in refit k's own days, its offset j in k's forecast."""
-    counts = (schedule.own - schedule.hi).ravel()
-    k, g = np.divmod(np.repeat(np.arange(counts.size), counts), schedule.n_groups)
-    j = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return k, g, schedule.hi[k, g] + j, j
+    return span_rows(schedule.hi, schedule.own)
 
 
 def step_metrics(schedule: WindowSchedule, history, forecast: torch.Tensor) -> Dict[str, list]:

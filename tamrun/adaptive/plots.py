@@ -35,6 +35,34 @@ def adaptive_figure(table: pd.DataFrame, title: str = "", smooth_days: int = 7,
     return figure
 
 
+def backtest_figure(windows: pd.DataFrame, table: pd.DataFrame, title: str = ""):
+    """Top: each window's RMSE at its cut-off, and their mean (rmse_backtest); bottom: the daily mean of the
+    actual series and of each window's forecast over its horizon (``windows``: window, cutoff, rmse; ``table``:
+    window, date, actual, predicted)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 6.5), layout="constrained")
+    scores, series = figure.subplots(2, 1)
+    cutoffs = pd.to_datetime(windows["cutoff"])
+    scores.plot(cutoffs, windows["rmse"], marker="o", lw=0.8, color="tab:orange", label="window RMSE")
+    scores.axhline(float(windows["rmse"].mean()), color="black", lw=0.8, ls="--", label="mean (rmse_backtest)")
+    scores.set_title(title or "Backtest")
+    scores.set_ylabel("RMSE")
+    day = pd.to_datetime(table["date"]).dt.normalize()
+    actual = table.groupby(day)["actual"].mean() if table["window"].nunique() < 2 else \
+        table.drop_duplicates(["date", "group"]).groupby(day)["actual"].mean()
+    series.plot(actual.index, actual.to_numpy(), lw=0.8, color="black", label="actual")
+    for k, part in table.groupby("window", sort=True):
+        daily = part.groupby(pd.to_datetime(part["date"]).dt.normalize())["predicted"].mean()
+        series.plot(daily.index, daily.to_numpy(), lw=0.9, color="tab:orange" if k % 2 == 0 else "tab:blue",
+                    label="forecast (each window's horizon)" if k == 0 else None)
+    series.set_ylabel("daily mean")
+    for axis in (scores, series):
+        axis.grid(alpha=0.3)
+        axis.legend(loc="upper right")
+    return figure
+
+
 def weights_figure(weights: torch.Tensor, theta0: torch.Tensor, days: np.ndarray, names: Sequence[str]):
     """Each input's weight relative to the static model's, theta_t / theta_0, averaged over the groups,
     day by day (``weights`` (G, T, k), ``theta0`` (G, k), ``days`` (T,)): 1 is the static model."""

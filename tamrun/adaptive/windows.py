@@ -115,6 +115,15 @@ def system_design(design: AdditiveDesign, group: np.ndarray) -> AdditiveDesign:
     return out
 
 
+def span_rows(start: np.ndarray, stop: np.ndarray):
+    """(k, g, n, j): for every history row n of group g in rows [start[k, g], stop[k, g]) (K, G), its offset j
+    from start[k, g]."""
+    counts = (stop - start).ravel()
+    k, g = np.divmod(np.repeat(np.arange(counts.size), counts), start.shape[1])
+    j = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return k, g, start[k, g] + j, j
+
+
 def systems_of(windows: range, groups: range) -> tuple:
     """(window, group) index arrays of the systems of ``windows`` x ``groups``, window-major."""
     k = np.repeat(np.arange(windows.start, windows.stop), len(groups))

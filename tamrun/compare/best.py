@@ -1,7 +1,7 @@
 """The best run of `python -m tamrun.compare`'s selection, its logged model, and its registration.
 
 The runs are ranked on one metric (``--sort``; by default the objective a sweep chooses on:
-``rmse_validation`` when a shown run logged it, else ``rmse_test``), least first (``--descending``: most
+``rmse_validation`` when a shown run logged it, else ``rmse_backtest``, else ``rmse_test``), least first (``--descending``: most
 first). The best is the first FINISHED run with a finite value: a failed run's metric never wins.
 ``--register NAME`` makes its LoggedModel a new version of the registered model NAME
 (`tamrun.compare.register`).
@@ -17,7 +17,7 @@ from tamrun.errors import ConfigError
 from tamrun.tracking.metric_keys import logged_value
 
 # The metric a selection is ranked on when --sort is not given: the first one a shown run logged.
-DEFAULT_METRICS = ("rmse_validation", "rmse_test")
+DEFAULT_METRICS = ("rmse_validation", "rmse_backtest", "rmse_test")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from tamrun.tracking.ui_view import DECISIVE_METRICS, DECISIVE_PARAMS, DECISIVE_
 
 MISSING = "-"
 # Metrics shown before the decisive ones when a run logged them (the objective with a validation split).
-OBJECTIVE_METRICS = ("rmse_validation",)
+OBJECTIVE_METRICS = ("rmse_validation", "rmse_backtest")
 GAP = "  "
 BEST_MARK = "*"  # the best run's cell in the first column of a ranked table
 

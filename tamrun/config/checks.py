@@ -15,6 +15,7 @@ from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_s
 from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode,
                                   schema_default)
 from tamrun.config.expr import parse_expression
+from tamrun.config.offsets import check_backtest
 from tamrun.config.secret_sources import check_no_secret
 from tamrun.errors import ConfigError
 
@@ -46,6 +47,7 @@ def check_config(cfg: Config) -> None:
     _check_hw(cfg)
     _check_data(cfg)
     _check_adaptive(cfg)
+    _check_backtest(cfg)
     _check_aggregate(cfg)
     _check_intervals(cfg)
     _check_tracking(cfg)
@@ -148,6 +150,23 @@ def _check_adaptive(cfg: Config) -> None:
     _require(ada.horizon is None or ada.horizon >= ada.step, "adaptive.horizon", ada.horizon,
              f"the horizon must be >= adaptive.step={ada.step} days, or the days between a refit's "
              "horizon and the next refit would not be forecast", f"set adaptive.horizon={ada.step} or null")
+
+
+def _check_backtest(cfg: Config) -> None:
+    """mode=backtest: its offsets and refit (`tamrun.config.offsets.check_backtest`); no validation period, no
+    GCV and no Ray sharding (each window is fitted here with the configured penalties)."""
+    if cfg.mode.name != ModeName.backtest:
+        return
+    check_backtest(cfg.split.test_start, cfg.backtest)
+    _require(cfg.split.validation_start is None, "split.validation_start", cfg.split.validation_start,
+             "mode=backtest scores every window on the days after its cut-off, and trains it on every row before; "
+             "a validation period would leave a gap", "set split.validation_start=null (the backtest's windows are "
+             "its held-out periods)")
+    _require(cfg.model.penalties != PenaltyMode.gcv, "model.penalties", "gcv", "mode=backtest fits every window "
+             "with the configured penalties", "set model.penalties=fixed (tune the penalties with a sweep on "
+             "objective=rmse_backtest)")
+    _require(cfg.shard.over.value == "local", "shard.over", cfg.shard.over.value, "mode=backtest fits its windows "
+             "here, in batches of windows x groups", "set shard.over=local")
 
 
 def _check_kalman(cfg: Config) -> None:

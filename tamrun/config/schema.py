@@ -81,6 +81,7 @@ class ModeName(str, Enum):
     plan = "plan"
     adaptive = "adaptive"
     aggregate = "aggregate"
+    backtest = "backtest"
 
 
 class AdaptiveMethod(str, Enum):
@@ -88,6 +89,14 @@ class AdaptiveMethod(str, Enum):
 
     sliding = "sliding"
     kalman = "kalman"
+
+
+class BacktestRefit(str, Enum):
+    """mode=backtest: what each window is trained on (docs/backtest.md)."""
+
+    expanding = "expanding"  # every row before its cut-off (from split.train_start)
+    sliding = "sliding"  # the rows of [cut-off - backtest.length, cut-off)
+    once = "once"  # one fit on the rows before the first cut-off, used for every window
 
 
 class IntervalMethod(str, Enum):
@@ -521,6 +530,30 @@ class AdaptiveConfig:
 
 
 @dataclass
+class BacktestConfig:
+    """Rolling-origin backtest (``mode=backtest``, docs/backtest.md): window k = 0 .. windows-1 has the
+    cut-off c_k = split.test_start + k * step (a local midnight of data.timezone), is trained on the rows
+    before c_k (``refit``) and scored on the days [c_k, c_k + horizon). Window k equals a plain run
+    (mode=run) with split.train_end the day before c_k and split.test_start c_k."""
+
+    # Number of windows (cut-offs).
+    windows: int = 4
+    # The days each window is scored on after its cut-off: a pandas offset of whole days (7D, 1W, 1MS).
+    horizon: str = "7D"
+    # Between consecutive cut-offs: a pandas offset of whole days.
+    step: str = "7D"
+    # expanding | sliding | once (`BacktestRefit`).
+    refit: BacktestRefit = BacktestRefit.expanding
+    # refit=sliding: the span of training rows before each cut-off, a pandas offset of whole days (365D).
+    length: Optional[str] = None
+    # Direct route: a window's Gram is recomputed from its rows every this many windows (and wherever its
+    # design differs from the previous window's), up/down-dated in between; 0 = only where the design differs.
+    refresh: int = 64
+    # At most this many windows per batch; None = as many as the window budget allows.
+    max_batch_windows: Optional[int] = None
+
+
+@dataclass
 class ExpertConfig:
     """One expert of ``mode=aggregate``: composed by Hydra as the command line
     ``model=<model> mode=<mode> <overrides...>`` would be (``+experiment=...`` included), then given the
@@ -645,7 +678,8 @@ class ShardConfig:
 class ModeConfig:
     """The job: ``run`` fits, evaluates and records; ``plan`` prints the memory oracle's plan only;
     ``adaptive`` refits on a sliding window over the test period (settings: `Config.adaptive`);
-    ``aggregate`` combines experts online (settings: `Config.aggregate`)."""
+    ``aggregate`` combines experts online (settings: `Config.aggregate`); ``backtest`` scores rolling-origin
+    windows (settings: `Config.backtest`)."""
 
     name: ModeName = ModeName.run
 
@@ -661,6 +695,7 @@ class Config:
     split: SplitConfig = field(default_factory=SplitConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    backtest: BacktestConfig = field(default_factory=BacktestConfig)
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     intervals: IntervalConfig = field(default_factory=IntervalConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
@@ -670,7 +705,8 @@ class Config:
     # Seeds torch and the forests' random trees (a forest effect's own `seed` wins).
     seed: int = 0
     # The metric `python -m tamrun` returns to Hydra's sweepers (optuna minimises it) and a sweep's
-    # summary ranks by; None = rmse_validation with a validation split, else rmse_test.
+    # summary ranks by; None = rmse_backtest under mode=backtest, rmse_validation with a validation split,
+    # else rmse_test.
     objective: Optional[str] = None
     # More metrics returned after `objective`, for a multi-objective sweeper (Optuna with
     # hydra.sweeper.direction=[minimize, minimize]): each job then returns [objective, *more_objectives],

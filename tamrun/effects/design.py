@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from tamrun.data.batch import GroupedBatch, RangeScaler
@@ -151,3 +152,28 @@ def needed_columns(effects: Sequence[Effect]) -> List[str]:
 def describe(design: AdditiveDesign) -> str:
     """One line per block: name, columns, width."""
     return "\n".join(f"{b.name}: columns {b.start}..{b.stop - 1} (width {b.stop - b.start})" for b in design.blocks)
+
+
+def same_effects(a: AdditiveDesign, b: AdditiveDesign) -> bool:
+    """Whether two designs' effects hold the same state (levels, thresholds, sizes, penalties; the per-group
+    feature ranges aside): one fitted design then reads both's columns alike once given the other's ranges."""
+    return a.columns == b.columns and len(a.effects) == len(b.effects) and all(
+        same_state(x, y) for x, y in zip(a.effects, b.effects))
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Equality of two states: tensors and arrays element for element (dtype and shape too), containers
+    item by item, tamrun's own objects field by field, anything else by ``==``."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[key], b[key]) for key in a)
+    if type(a).__module__.startswith("tamrun.") and hasattr(a, "__dict__"):
+        return same_state(vars(a), vars(b))
+    return bool(a == b)

@@ -48,10 +48,13 @@ log = logging.getLogger(__name__)
 
 
 def objective_name(config: Any) -> str:
-    """The metric a sweep minimises: ``objective`` when set, else ``rmse_validation`` when the split
-    carves a validation period out of training, else ``rmse_test``."""
+    """The metric a sweep minimises: ``objective`` when set, else ``rmse_backtest`` under mode=backtest,
+    ``rmse_validation`` when the split carves a validation period out of training, else ``rmse_test``."""
     if getattr(config, "objective", None):  # a composed DictConfig or a typed `Config`
         return str(config.objective)
+    mode = getattr(getattr(config, "mode", None), "name", None)
+    if getattr(mode, "value", mode) == "backtest":
+        return "rmse_backtest"
     return "rmse_validation" if getattr(config.split, "validation_start", None) else "rmse_test"
 
 

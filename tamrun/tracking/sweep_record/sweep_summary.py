@@ -27,7 +27,7 @@ SWEEP_JOB_TAG = "sweep_job"
 PARENT_TAG = "mlflow.parentRunId"
 UNRECORDED = "UNRECORDED"  # the status of a job that started and left no run in the store
 # Metrics of the summary table, in this order when a job logged them.
-SUMMARY_METRICS = ("rmse_validation", "rmse_test", "mape_test", "cost_usd", "rmse_train", "fit_seconds",
+SUMMARY_METRICS = ("rmse_validation", "rmse_backtest", "mape_backtest", "rmse_test", "mape_test", "cost_usd", "rmse_train", "fit_seconds",
                    "peak_memory_bytes", "oom_retries", "cg_iterations")
 
 
