@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import tamrun
-from tamrun.adaptive.backtest import backtest_job, backtest_split
+from tamrun.adaptive.backtest import backtest_job, backtest_split, prepare_backtest
 from tamrun.adaptive.job import adaptive_job
 from tamrun.aggregate.job import aggregate_job
 from tamrun.config.load import resolved_container, typed_config
@@ -113,7 +113,10 @@ def tracked_job(cfg: Any, config: Config, specs: Dict[str, Any], devices: Device
         if libraries_loaded is not None:
             libraries_loaded()
         return stream_job(stream, config, specs, devices, tracked)
-    prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
+    if config.mode.name == ModeName.backtest:
+        prepared = prepare_backtest(config, specs, devices, libraries_loaded)
+    else:
+        prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
     record_inputs(tracked, prepared)
     return TRACKED_JOBS[config.mode.name](prepared, tracked)
 

@@ -33,6 +33,11 @@ MODEL = ["model=custom", "+model.effects.temp={kind: spline, column: temperature
 FOREST = ["+model.effects.heat={kind: forest, column: temperature, others: [doy], n_trees: 4, max_depth: 3, "
           "split: quantile, ap: -3}"]
 TEST_START = "2023-02-06"
+SITES_MODEL = """name: sites
+effects:
+  temp: {kind: spline, column: temperature, k: 8, ap: -4}
+  hour: {kind: categorical, column: hour, topo: nominal, ap: -6}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +142,7 @@ BAD = [
     (["backtest.windows=0"], "ConfigError", "backtest.windows=0", "the number of windows"),
     (["split.test_start=2022-01-01", "split.train_start=2022-01-01"], "DataError", "split.test_start",
      "no training rows"),
+    (["split.test_start=2021-12-01"], "DataError", "split.test_start", "no training rows"),
     (["split.validation_start=2022-06-01"], "ConfigError", "split.validation_start", "a gap"),
 ]
 
@@ -173,10 +179,14 @@ def test_a_sweep_chooses_on_rmse_backtest(sites_csv, tmp_path, sweeper):
     """mode=backtest's objective is rmse_backtest: the parent crowns the job with the least (best_run_id), and
     Optuna minimises it."""
     store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    conf = tmp_path / "user_conf"  # the model as a preset of the user's: Optuna sets its fields before any +key=
+    (conf / "model").mkdir(parents=True)
+    (conf / "model" / "sites.yaml").write_text(SITES_MODEL)
     swept = (["model.effects.temp.ap=-8,2"] if sweeper == "basic" else
              ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
               "hydra.sweeper.sampler.seed=0", "model.effects.temp.ap=interval(-8.0, 2.0)"])
-    done = tamrun("-m", *data(sites_csv), *MODEL, f"tracking.uri={store}", f"hydra.sweep.dir={sweep_dir}",
+    done = tamrun("-m", *data(sites_csv), "model=sites", f"hydra.searchpath=[file://{conf}]", f"tracking.uri={store}",
+                  f"hydra.sweep.dir={sweep_dir}",
                   "mode=backtest", f"split.test_start={TEST_START}", "backtest.windows=2", *swept, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     parent, children = sweep_children(store, sweep_dir)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import pandas as pd
@@ -32,7 +32,8 @@ from tamrun.effects.design import AdditiveDesign
 from tamrun.errors import DataError
 from tamrun.fit.evaluate import mape, require_finite, require_plausible, rmse
 from tamrun.fit.progress import ChunkProgress
-from tamrun.jobs.prepare import Prepared
+from tamrun.device.manager import DeviceManager
+from tamrun.jobs.prepare import Prepared, prepare
 from tamrun.jobs.result import RunResult
 from tamrun.machine.tracker import MemoryTracker
 from tamrun.memory.footprint import problem_size, recording_bytes
@@ -48,11 +49,31 @@ DAY = pd.Timedelta(days=1)
 
 def backtest_split(config: Config) -> Config:
     """The split a backtest reads: training up to the day before split.test_start, the test period up to
-    the last window's horizon (split.train_end and split.test_end are not used by mode=backtest)."""
+    the last window's horizon (split.train_end and split.test_end are not used by mode=backtest).
+    `ConfigError` when split.train_start leaves the first window no day to train on."""
     cutoffs = cutoff_days(config.split.test_start, config.backtest)
+    start = config.split.train_start
+    if start is not None and pd.Timestamp(str(start)).normalize() >= cutoffs[0]:
+        raise DataError("split.test_start", config.split.test_start, f"the first window's cut-off is on or before "
+                        f"split.train_start={start}, so it has no training rows",
+                        "start split.test_start after split.train_start")
     last = horizon_ends(cutoffs, config.backtest)[-1] - DAY
     split = replace(config.split, train_end=f"{cutoffs[0] - DAY:%Y-%m-%d}", test_end=f"{last:%Y-%m-%d}")
     return replace(config, split=split)
+
+
+def prepare_backtest(config: Config, specs: Dict[str, Any], devices: DeviceManager,
+                     libraries_loaded: Optional[Callable[[], None]]) -> Prepared:
+    """`prepare` on the backtest's split (`backtest_split`); a training split without rows is the first
+    window's (its split.train_end is the backtest's, not the user's)."""
+    try:
+        return prepare(config, specs, devices, libraries_loaded=libraries_loaded)
+    except DataError as error:
+        if error.field != "split.train_end":
+            raise
+        raise DataError("split.test_start", config.split.test_start, f"the first window has no training rows "
+                        f"before its cut-off ({error.problem})", "start split.test_start later, after the data's "
+                        "first days") from None
 
 
 @dataclass
