@@ -32,6 +32,8 @@ MODEL = ["model=custom", "+model.effects.temp={kind: spline, column: temperature
 # A forest on quantile thresholds: each window's thresholds differ (separate segments of windows).
 FOREST = ["+model.effects.heat={kind: forest, column: temperature, others: [doy], n_trees: 4, max_depth: 3, "
           "split: quantile, ap: -3}"]
+# A linear effect on the ramp: the feature ranges of site_1 change from window to window, site_2's do not.
+RAMP = ["+model.effects.ramp={kind: linear, column: ramp, ap: -6}"]
 TEST_START = "2023-02-06"
 SITES_MODEL = """name: sites
 effects:
@@ -46,6 +48,10 @@ def sites_csv(tmp_path_factory) -> Path:
     frame = hourly_sites(sites=2, start="2022-01-01", end="2023-04-30")
     frame["hour"], frame["dow"] = frame["date"].dt.hour, frame["date"].dt.day_of_week
     frame["doy"] = frame["date"].dt.day_of_year
+    # site_1's ramp grows with time (its range, and so its scaling, changes in every window); site_2's is
+    # periodic (the same range in every window): the Grams of both kinds of system in one batch
+    hours = (frame["date"] - frame["date"].min()).dt.total_seconds() / 3600
+    frame["ramp"] = np.where(frame["site"] == "site_1", hours / 1000, np.sin(hours * np.pi / 12))
     return write_sites(frame, tmp_path_factory.mktemp("sites") / "sites.csv")
 
 
@@ -66,12 +72,12 @@ def plain_forecast(compose_cfg, path: Path, extra: List[str], train_start, train
     return table[table["split"] == "test"][["date", "group", "predicted"]]
 
 
-CASES = {
-    "expanding": ([], lambda k, cutoff: None),
-    "sliding": (["backtest.refit=sliding", "backtest.length=120D"],
-                lambda k, cutoff: f"{pd.Timestamp(cutoff) - pd.Timedelta(days=120):%Y-%m-%d}"),
-    "once": (["backtest.refit=once"], lambda k, cutoff: None),
-    "forest": (FOREST, lambda k, cutoff: None),
+CASES = {  # settings, the effects added to MODEL, each window's first training day (None: the first row)
+    "expanding": ([], RAMP, lambda cutoff: None),
+    "sliding": (["backtest.refit=sliding", "backtest.length=120D"], RAMP,
+                lambda cutoff: f"{pd.Timestamp(cutoff) - pd.Timedelta(days=120):%Y-%m-%d}"),
+    "once": (["backtest.refit=once"], [], lambda cutoff: None),
+    "forest": ([], FOREST, lambda cutoff: None),
 }
 
 
@@ -79,9 +85,8 @@ CASES = {
 def test_each_window_equals_a_plain_run_up_to_its_cutoff(compose_cfg, sites_csv, case):
     """3 weekly windows (horizon 10 days: they overlap); window k's forecasts against a plain run's with
     split.train_end the day before its cut-off (refit=once: the first cut-off's) and its horizon as test."""
-    settings, train_start = CASES[case]
-    extra = FOREST if case == "forest" else []
-    cfg = compose_cfg(*data(sites_csv), *MODEL, *settings, "mode=backtest", f"split.test_start={TEST_START}",
+    settings, extra, train_start = CASES[case]
+    cfg = compose_cfg(*data(sites_csv), *MODEL, *extra, *settings, "mode=backtest", f"split.test_start={TEST_START}",
                       "backtest.windows=3", "backtest.step=7D", "backtest.horizon=10D")
     result = run(cfg)
     table = result.predictions
@@ -90,7 +95,7 @@ def test_each_window_equals_a_plain_run_up_to_its_cutoff(compose_cfg, sites_csv,
         cutoff = f"{pd.Timestamp(TEST_START) + pd.Timedelta(days=7 * k):%Y-%m-%d}"
         end = f"{pd.Timestamp(cutoff) + pd.Timedelta(days=9):%Y-%m-%d}"
         trained_to = TEST_START if case == "once" else cutoff
-        plain = plain_forecast(compose_cfg, sites_csv, extra, train_start(k, trained_to), trained_to, cutoff, end)
+        plain = plain_forecast(compose_cfg, sites_csv, extra, train_start(trained_to), trained_to, cutoff, end)
         ours = table[table["window"] == k].merge(plain, on=["date", "group"], suffixes=("", "_plain"))
         assert len(ours) == (table["window"] == k).sum() == len(plain) == 2 * 24 * 10
         scale = np.abs(ours["actual"].to_numpy()).max()
@@ -98,6 +103,8 @@ def test_each_window_equals_a_plain_run_up_to_its_cutoff(compose_cfg, sites_csv,
     metrics = result.metrics
     assert metrics["backtest_windows"] == 3
     assert (metrics["design_segments"] > 1) == (case == "forest")  # quantile thresholds move with the rows
+    if case == "expanding":  # window 0's Grams and site_1's later ones come from their rows, some of site_2's updated
+        assert 2 + 1 + 1 <= metrics["fresh_grams"] < 2 * 3
 
 
 def test_the_run_records_the_windows_metrics_table_and_plot(compose_cfg, sites_csv, store_uri, tmp_path):

@@ -72,7 +72,7 @@ def prepare_backtest(config: Config, specs: Dict[str, Any], devices: DeviceManag
         if error.field != "split.train_end":
             raise
         raise DataError("split.test_start", config.split.test_start, f"the first window has no training rows "
-                        f"before its cut-off ({error.problem})", "start split.test_start later, after the data's "
+                        f"before its cut-off: {error.problem}", "start split.test_start later, after the data's "
                         "first days") from None
 
 
