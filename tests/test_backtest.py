@@ -110,13 +110,17 @@ def test_each_window_equals_a_plain_run_up_to_its_cutoff(compose_cfg, sites_csv,
 def test_the_run_records_the_windows_metrics_table_and_plot(compose_cfg, sites_csv, store_uri, tmp_path):
     """rmse_backtest / mape_backtest are the windows' means, rmse_window their history (step = window), the
     window table names each cut-off, training rows and horizon; the plot is logged. One window per batch
-    (backtest.max_batch_windows=1) gives the same forecasts as every window in one batch."""
+    (backtest.max_batch_windows=1), or the batches a memory.limit of 8 MiB leaves, give the same forecasts as
+    every window in one batch."""
     base = [*data(sites_csv), *MODEL, "mode=backtest", f"split.test_start={TEST_START}", "backtest.windows=4",
             "split.train_start=2022-02-01"]
     result = run(compose_cfg(*base, "tracking.log_plots=true"))
     one = run(compose_cfg(*base, "backtest.max_batch_windows=1"))
+    capped = run(compose_cfg(*base, "memory.limit=8MiB"))  # a window budget of a few MiB: smaller batches
     assert one.metrics["window_batches"] == 4 and result.metrics["window_batches"] == 1
-    assert np.allclose(one.predictions["predicted"], result.predictions["predicted"], rtol=0, atol=1e-9)
+    assert 1 < capped.metrics["window_batches"] and capped.metrics["oom_retries"] == 0
+    for other in (one, capped):
+        assert np.allclose(other.predictions["predicted"], result.predictions["predicted"], rtol=0, atol=1e-9)
     client = MlflowClient(tracking_uri=store_uri)
     logged = client.get_run(result.run_id)
     assert logged.info.status == "FINISHED"
