@@ -209,3 +209,14 @@ def test_a_sweep_chooses_on_rmse_backtest(sites_csv, tmp_path, sweeper):
     if sweeper == "optuna":
         best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
         assert best["best_value"] == pytest.approx(min(scores), rel=1e-12)
+
+
+def test_cutoffs_are_local_midnights_of_the_data_timezone(compose_cfg, sites_csv):
+    """data.timezone=Europe/Paris: the table's dates are UTC, each cut-off the local midnight (23:00 UTC in
+    winter, 22:00 in summer): the windows across the clocks' change of 2023-03-26 score 7 local days each."""
+    result = run(compose_cfg(*data(sites_csv), *MODEL, "mode=backtest", "data.timezone=Europe/Paris",
+                             "split.test_start=2023-03-20", "backtest.windows=2"))
+    table = result.predictions
+    first = table.groupby("window")["date"].min().tolist()
+    assert first == [pd.Timestamp("2023-03-19 23:00"), pd.Timestamp("2023-03-26 22:00")]
+    assert table.groupby("window").size().tolist() == [2 * (24 * 7 - 1), 2 * 24 * 7]  # the week of 23-hour Sunday

@@ -49,7 +49,9 @@ DAY = pd.Timedelta(days=1)
 
 def backtest_split(config: Config) -> Config:
     """The split a backtest reads: training up to the day before split.test_start, the test period up to
-    the last window's horizon (split.train_end and split.test_end are not used by mode=backtest).
+    the day after the last window's horizon (a local day of data.timezone may end on the next day of the
+    table's time; the windows' rows are cut at their own bounds). split.train_end and split.test_end are not
+    used by mode=backtest.
     `ConfigError` when split.train_start leaves the first window no day to train on."""
     cutoffs = cutoff_days(config.split.test_start, config.backtest)
     start = config.split.train_start
@@ -57,7 +59,7 @@ def backtest_split(config: Config) -> Config:
         raise DataError("split.test_start", config.split.test_start, f"the first window's cut-off is on or before "
                         f"split.train_start={start}, so it has no training rows",
                         "start split.test_start after split.train_start")
-    last = horizon_ends(cutoffs, config.backtest)[-1] - DAY
+    last = horizon_ends(cutoffs, config.backtest)[-1]
     split = replace(config.split, train_end=f"{cutoffs[0] - DAY:%Y-%m-%d}", test_end=f"{last:%Y-%m-%d}")
     return replace(config, split=split)
 
