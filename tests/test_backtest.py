@@ -5,6 +5,8 @@ horizon, what MLflow records, bad input, and sweeps on rmse_backtest. A raw hour
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import List
 
@@ -209,6 +211,11 @@ def test_a_sweep_chooses_on_rmse_backtest(sites_csv, tmp_path, sweeper):
     if sweeper == "optuna":
         best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
         assert best["best_value"] == pytest.approx(min(scores), rel=1e-12)
+    else:  # python -m tamrun.compare --best ranks on rmse_backtest when the runs logged it
+        chosen = subprocess.run([sys.executable, "-m", "tamrun.compare", "--store", store, "--best"], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+        assert chosen.returncode == 0, chosen.stderr
+        assert f"run_id: {children[scores.index(min(scores))].info.run_id}" in chosen.stdout.splitlines()
 
 
 def test_cutoffs_are_local_midnights_of_the_data_timezone(compose_cfg, sites_csv):
