@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from tamrun.adaptive.windows import WindowSchedule, gather_systems
+from tamrun.adaptive.windows import WindowSchedule
 from tamrun.config.offsets import cutoff_days, horizon_ends, start_days
 from tamrun.config.schema import BacktestConfig, BacktestRefit
 from tamrun.data.batch import GroupedBatch, RangeScaler
@@ -116,20 +116,52 @@ def check_windows(schedule: BacktestSchedule, batch: GroupedBatch, last_date: pd
 def window_designs(base: AdditiveDesign, history: GroupedBatch, rows: WindowSchedule,
                    refit: BacktestRefit) -> List[AdditiveDesign]:
     """Each window's design, copied from ``base`` and fitted on the window's training rows, as a plain run
-    fits it (refit=once: window 0's for every window). A group without training rows in a window gets the
-    ranges (0, 1): it has nothing to fit nor to score there."""
+    fits it (refit=once: window 0's for every window): its ranges (`window_ranges`), then its stateful effects
+    on the rows [lo, hi) of each group. A group without training rows in a window gets the ranges (0, 1): it
+    has nothing to fit nor to score there."""
     designs: List[AdditiveDesign] = []
-    every = np.arange(len(history.groups))
+    x, position = history.x.cpu(), torch.arange(history.x.shape[1])
+    prefix = PrefixRanges(x) if (rows.lo == 0).all() and refit != BacktestRefit.once else None
     for k in range(rows.n_windows):
         if refit == BacktestRefit.once and designs:
             designs.append(designs[0])
             continue
-        batch = gather_systems(history, every, rows.lo[k], rows.hi[k])
-        design = copy.deepcopy(base).fit(batch)
-        empty = torch.as_tensor(rows.hi[k] == rows.lo[k])
-        design.scaler.center[empty], design.scaler.half[empty] = 0.0, 1.0
-        designs.append(design)
+        lo, hi = torch.as_tensor(rows.lo[k]), torch.as_tensor(rows.hi[k])
+        real = (position >= lo.unsqueeze(1)) & (position < hi.unsqueeze(1))
+        scaler = prefix.scaler(hi) if prefix is not None else window_ranges(history, real)
+        designs.append(copy.deepcopy(base).fit_rows(scaler, x, real))
     return designs
+
+
+def window_ranges(history: GroupedBatch, real: torch.Tensor) -> RangeScaler:
+    """The per-group ranges of the rows ``real`` (G, N) of ``history`` (`RangeScaler.fit`); (0, 1) for a
+    group without rows."""
+    scaler = RangeScaler.fit(GroupedBatch(history.groups, history.columns, history.x.cpu(), history.y,
+                                          real.to(history.x.dtype), history.row_index))
+    return empty_ranges(scaler, real.any(dim=1))
+
+
+def empty_ranges(scaler: RangeScaler, fed: torch.Tensor) -> RangeScaler:
+    """``scaler`` with the ranges (0, 1) for the groups that are not ``fed`` (G,)."""
+    scaler.center[~fed], scaler.half[~fed] = 0.0, 1.0
+    return scaler
+
+
+class PrefixRanges:
+    """The ranges of every prefix of each group's date-sorted rows (windows that all start at the first row):
+    running minima and maxima (G, N, F), read at each window's last row. The same values as `RangeScaler.fit`
+    of the prefix's rows, by the same arithmetic."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.low, self.high = torch.cummin(x, dim=1).values, torch.cummax(x, dim=1).values
+
+    def scaler(self, hi: torch.Tensor) -> RangeScaler:
+        """The ranges of rows [0, hi[g]) of each group g."""
+        groups, last = torch.arange(len(hi)), (hi - 1).clamp_min(0)
+        low, high = self.low[groups, last], self.high[groups, last]
+        half = (high - low) / 2
+        scaler = RangeScaler(center=(high + low) / 2, half=torch.where(half > 0, half, torch.ones_like(half)))
+        return empty_ranges(scaler, hi > 0)
 
 
 def segments(designs: List[AdditiveDesign]) -> List[Tuple[int, int]]:

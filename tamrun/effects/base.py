@@ -41,6 +41,11 @@ class Effect(ABC):
         """Learn state from the training split's real rows: raw and scaled values, (n, C) each."""
 
     @property
+    def stateful(self) -> bool:
+        """Whether `fit` learns anything from the rows (an effect that does not override it keeps none)."""
+        return type(self).fit is not Effect.fit
+
+    @property
     @abstractmethod
     def width(self) -> int:
         """D_j, the number of columns of the design block."""

@@ -50,14 +50,23 @@ class AdditiveDesign:
         return [self._col[c] for c in effect.columns]
 
     def fit(self, train: GroupedBatch) -> "AdditiveDesign":
-        """Learn the per-group ranges and each effect's state from the training batch, one effect's
-        columns at a time (the real rows of its raw and scaled columns: 4 (G, N, c) copies at the peak)."""
-        self.scaler = scaler = RangeScaler.fit(train).to(HOST)  # a design's state is made on the host
-        real, x = train.weight.cpu() > 0, train.x.cpu()
+        """Learn the per-group ranges and each effect's state from the training batch."""
+        return self.fit_rows(RangeScaler.fit(train).to(HOST), train.x.cpu(), train.weight.cpu() > 0)
+
+    def fit_rows(self, scaler: RangeScaler, x: torch.Tensor, real: torch.Tensor) -> "AdditiveDesign":
+        """Take the per-group ranges ``scaler`` and learn each stateful effect's state from the rows of x
+        (G, N, F) where ``real`` (G, N), one effect's columns at a time (its real rows, raw and scaled)."""
+        self.scaler = scaler  # a design's state is made on the host
+        group = None
         for effect in self.effects:
+            if not effect.stateful:
+                continue
+            if group is None:
+                group = torch.nonzero(real)[:, 0]
             cols = self._index(effect)
-            raw = x[..., cols]
-            effect.fit(raw[real].numpy(), scaler.apply(raw, columns=cols)[real].numpy())
+            raw = x[..., cols][real]
+            scaled = (raw - scaler.center[group][:, cols]) / scaler.half[group][:, cols]
+            effect.fit(raw.numpy(), scaled.numpy())
         return self
 
     # ---- layout ------------------------------------------------------------------------------------
