@@ -12,7 +12,7 @@ import re
 from typing import Any, List, Mapping
 
 from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_size, cli_text
-from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode,
+from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode, ShardOver,
                                   schema_default)
 from tamrun.config.expr import parse_expression
 from tamrun.config.secret_sources import check_no_secret
@@ -48,6 +48,7 @@ def check_config(cfg: Config) -> None:
     _check_adaptive(cfg)
     _check_aggregate(cfg)
     _check_intervals(cfg)
+    _check_refit(cfg)
     _check_tracking(cfg)
     _check_objective(cfg)
     _check_tco(cfg)
@@ -210,6 +211,17 @@ def _check_aggregate(cfg: Config) -> None:
         values = list(getattr(agg, name))
         _require(bool(values), f"{field}.{name}", values, "the list of candidates is empty",
                  f"set {field}.{name}={cli_list(schema_default(f'{field}.{name}'))}")
+
+
+def _check_refit(cfg: Config) -> None:
+    """split.refit: mode=run (or its plan) only, its groups fitted in this process."""
+    if not cfg.split.refit:
+        return
+    _require(cfg.mode.name in (ModeName.run, ModeName.plan), "split.refit", True,
+             f"only mode=run refits on its validation period (this is mode={cfg.mode.name.value}, which "
+             "refits or chooses in its own way)", "set split.refit=false, or use mode=run")
+    _require(cfg.shard.over != ShardOver.ray, "split.refit", True, "a run sharded over a Ray cluster "
+             "(shard.over=ray) does not refit yet", "set split.refit=false, or shard.over=local")
 
 
 def cli_list(values: List[Any]) -> str:

@@ -233,6 +233,11 @@ class SplitConfig:
     # scored as rmse_validation / mape_validation. None = no validation split.
     validation_start: Optional[str] = None
     validation_end: Optional[str] = None
+    # mode=run with a validation period: fit without it, predict it (its held-out residuals calibrate the
+    # intervals, its scores are rmse_validation / mape_validation), then refit on every training row, the
+    # validation period's included: the refit is the model, its test metrics the run's (tamrun/jobs/refit.py;
+    # python -m tamrun.compare --refit). Without a validation period a plain run.
+    refit: bool = False
 
 
 @dataclass
@@ -442,6 +447,9 @@ class TrackingConfig:
     # None: <folder of the sqlite file>/mlartifacts
     artifact_root: Optional[str] = None
     experiment: str = "tamrun"
+    # Extra tags of the run (name -> value), e.g. +tracking.tags.team=grid; python -m tamrun.compare --refit
+    # sets refit_of=<run id>.
+    tags: Dict[str, str] = field(default_factory=dict)
     # None: <model.name>-<data.name>
     run_name: Optional[str] = None
     log_predictions: bool = True

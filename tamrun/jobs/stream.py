@@ -171,6 +171,9 @@ def require_streamable(config: Config, specs: Dict[str, Any], why: str = STREAM_
     if config.model.penalties == PenaltyMode.gcv:
         raise ConfigError("model.penalties", "gcv", why + "GCV pools its score over every group at once",
                           "set model.penalties=fixed (tune the penalties with a sweep)," + fix)
+    if config.split.refit:
+        raise ConfigError("split.refit", True, why + "a refit on the validation period is not streamed yet",
+                          "set split.refit=false," + fix)
     for name, spec in specs.items():
         kind = getattr(spec, "kind", None)
         if kind in INDEXED_KINDS:
