@@ -129,25 +129,38 @@ def test_a_best_run_whose_data_is_gone_is_not_refitted_nor_registered(refitted):
     assert not client.search_registered_models("name = 'other-model'")
 
 
-def test_a_best_run_refit_cannot_refit_is_refused_by_name(tmp_path, migrated_store):
+def test_a_best_run_refit_cannot_refit_is_refused_by_name(tmp_path, migrated_store, capsys, monkeypatch):
+    """In this process (`tamrun.compare.__main__.main`): each refused before any refit runs."""
     import shutil
 
+    from tamrun.compare.__main__ import main
+
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     store = f"sqlite:///{shutil.copy(migrated_store, tmp_path / 'mlflow.db')}"
     client = MlflowClient(store)
-    for experiment, params, problem in (
-            ("adaptive", {"mode.name": "adaptive", "split.validation_start": "2020-11-01"}, "the best run is mode=adaptive"),
-            ("no-validation", {"mode.name": "run", "split.validation_start": "null"},
-             "the best run has no validation period")):
-        run = client.create_run(client.create_experiment(experiment), run_name="chosen").info.run_id
+    run_params = {"mode.name": "run", "split.validation_start": "2020-11-01"}
+    for experiment, params, overrides, problem in (
+            ("adaptive", {**run_params, "mode.name": "adaptive"}, "", "the best run is mode=adaptive"),
+            ("no-validation", {**run_params, "split.validation_start": "null"}, "",
+             "the best run has no validation period"),
+            ("masked", run_params, "data=csv\ndata.path=s3://bob:***@bucket/x.csv\n",
+             "the best run's override 'data.path=s3://bob:***@bucket/x.csv' was logged with a secret masked"),
+            ("flag", run_params, "model=fourier\n--config-dir=/elsewhere\n",
+             "the best run's config/overrides.txt holds '--config-dir=/elsewhere', which no run's overrides hold")):
+        created = client.create_experiment(experiment, artifact_location=(tmp_path / experiment).as_uri())
+        run = client.create_run(created, run_name="chosen").info.run_id
         for key, value in params.items():
             client.log_param(run, key, value)
+        if overrides:
+            client.log_text(run, overrides, "config/overrides.txt")
         client.log_metric(run, "rmse_validation", 1.0)
         client.set_terminated(run, "FINISHED")
-        done = tamrun("--store", store, "--experiment", experiment, "--best", "--register", "x", "--refit", cwd=tmp_path,
-                      store=store, module="tamrun.compare")
-        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-        assert done.stderr.startswith(f"tamrun: config error: --refit='chosen': {problem}")
-        assert "Fix: register it without --refit" in done.stderr
+        with pytest.raises(SystemExit) as exited:
+            main(["--store", store, "--experiment", experiment, "--best", "--register", "x", "--refit"])
+        stderr = capsys.readouterr().err
+        assert exited.value.code == 2 and len(stderr.splitlines()) == 1, stderr
+        assert stderr.startswith(f"tamrun: config error: --refit='chosen': {problem}")
+        assert "Fix: register it without --refit" in stderr or "Fix: run its config again by hand" in stderr
     assert not client.search_registered_models()
 
 

@@ -61,6 +61,10 @@ def rerun_overrides(client: Any, best: Any, folder: Path) -> List[str]:
         key = overridden_key(line)
         if not line.strip() or any(key == own or key.startswith(own + ".") for own in RECORDING):
             continue
+        if line.startswith("-") or key.startswith("hydra"):  # a run's overrides set neither Hydra's flags nor its own settings
+            raise ConfigError("--refit", best.name, f"the best run's {OVERRIDES_ARTIFACT} holds {line!r}, which no "
+                              "run's overrides hold (a flag or a setting of Hydra's)", "register it without --refit, "
+                              "or run its config again by hand with split.refit=true and register that run")
         if MASK in line:
             raise ConfigError("--refit", best.name, f"the best run's override {line!r} was logged with a secret "
                               "masked: it cannot be run again from the store", "run its config again by hand with "
