@@ -11,6 +11,7 @@ import math
 import re
 from typing import Any, List, Mapping
 
+from tamrun.config.calendar import check_calendar
 from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_size, cli_text
 from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode, ShardOver,
                                   schema_default)
@@ -18,7 +19,7 @@ from tamrun.config.expr import parse_expression
 from tamrun.config.secret_sources import check_no_secret
 from tamrun.errors import ConfigError
 
-_DERIVED_KINDS = ("time_index", "isin", "expr")
+_DERIVED_KINDS = ("time_index", "isin", "expr", "calendar", "holiday")
 # The most candidates of one effect's GCV grid (model.gcv.span / model.gcv.step).
 MAX_GCV_GRID = 401
 # Columns of mode=aggregate's predictions table and words of its metrics no expert may be named.
@@ -136,6 +137,7 @@ def _check_data(cfg: Config) -> None:
             _require(bool(derived.expr), f"{field}.expr", derived.expr, "an expr column needs an expression",
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
             parse_expression(f"{field}.expr", derived.expr)  # settings are data: no code before any data
+    check_calendar(cfg)
 
 
 def _check_adaptive(cfg: Config) -> None:

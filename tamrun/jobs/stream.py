@@ -144,7 +144,7 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
         log.warning("data: the table may not fit in the free memory, and this run cannot stream it (%s): it is "
                     "read whole", refusal)
         return None
-    scan = scan_table(path, parquet, data, DateWindow.of(config.split))
+    scan = scan_table(path, parquet, data, DateWindow.of(config.split, data.timezone))
     release_chunk()  # what the scan read
     row_bytes = table_row_bytes(config, specs, bool(scan.groups) and isinstance(scan.groups[0], str))
     largest = int(scan.rows.max()) if len(scan.rows) else 0
