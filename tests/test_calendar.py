@@ -101,6 +101,13 @@ def test_without_a_time_zone_naive_dates_are_taken_as_they_are(dst):
     assert row(frame, "2022-03-27 03:00")["time_of_day"] == 3
 
 
+def test_offsets_without_a_time_zone_are_read_in_utc_with_a_warning(dst, caplog):
+    with caplog.at_level("WARNING", logger="tamrun.data.dates"):
+        frame = table_of(dst["offsets"])
+    assert row(frame, "2022-10-30 00:00")["time_of_day"] == 0  # 02:00 in Paris, 00:00 in UTC
+    assert "data.timezone is not set: they are read in UTC, and so are the calendar columns time_of_day" in caplog.text
+
+
 def with_skipped_hour(naive: Path, path: Path) -> int:
     """``naive`` written to ``path`` with a row at 02:00 on 2022-03-27 (a local time the clocks skip) before
     the first at 03:00; its line in the file."""
@@ -247,3 +254,26 @@ def test_a_skipped_hour_and_an_unknown_country_end_the_run_with_exit_2(dst, tmp_
     done = tamrun([*RUN, f"data.path={path}", store, "data.holidays=XX"], tmp_path / "b", {}, timeout=300)
     assert done.returncode == 2 and "tamrun: config error: data.holidays='XX': not a country the holidays package " \
                                     "knows" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_streamed_run_reads_local_times_as_the_whole_run(compose_cfg, tmp_path):
+    """Six sites of naive local times across the October change, streamed one site a chunk (Parquet, the
+    split's local days pushed down; memory.limit as tests/test_stream.py): the whole run's metrics."""
+    from tamrun.runner import run
+
+    path = write_sites(hourly_sites(sites=6, start="2022-10-15", end="2022-11-14"), tmp_path / "t.parquet",
+                       local_naive=True)
+    args = ["data=csv", f"data.path={path}", "data.target=load", "data.group=site", "model=custom",
+            f"data.timezone={PARIS}", "data.holidays=FR", "hw=cpu", "progress=off", "tracking.log_plots=false",
+            "tracking.log_model=false", "split.train_start=2022-10-15", "split.train_end=2022-10-31",
+            "split.test_start=2022-11-01", "split.test_end=2022-11-14",
+            "+data.derived.tod={kind: calendar, part: time_of_day}", "+data.derived.off={kind: calendar, part: day_off}",
+            "+model.effects.tod={kind: categorical, column: tod, topo: cyclic, ap: -6}",
+            "+model.effects.off={kind: categorical, column: off, ap: -6}",
+            "+model.effects.temp={kind: spline, column: temperature, k: 6}"]
+    whole = run(compose_cfg(*args))
+    streamed = run(compose_cfg(*args, "memory.limit=2MiB", "memory.data_in_limit=true"))
+    assert "stream_chunks" not in whole.metrics and streamed.metrics["stream_chunks"] >= 2
+    assert whole.metrics["n_train_rows"] == 6 * (17 * 24 + 1)  # 30 October's 25 hours
+    for name in ("rmse_train", "rmse_test", "mape_test"):
+        assert streamed.metrics[name] == pytest.approx(whole.metrics[name], rel=1e-9), name

@@ -17,6 +17,7 @@ and is refused naming the value and its row.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -28,6 +29,8 @@ from pandas.tseries.api import guess_datetime_format
 from tamrun.config.schema import DataConfig, NanPolicy
 from tamrun.data.cells import quoted
 from tamrun.errors import DataError
+
+log = logging.getLogger(__name__)
 
 ISO = "ISO8601"  # pandas' format for any ISO 8601 date (with or without time, fraction, offset)
 # Characters of the longest text read as a date ('2024-03-31T03:00:00.123456789+02:00' has 35): a longer
@@ -96,6 +99,8 @@ class FileDates:
         """``block`` with its dates parsed, and the number of its rows dropped (`parse_dates`)."""
         column = self.cfg.date_column
         if self.form is None:
+            if has_offset(block[column].head(1).astype("string").str.strip()).any():
+                warn_utc_calendar(self.cfg)
             first = first_date(block, column)
             self.form = DateFormat.of(self.cfg, first) if first is not None else None
         return parse_dates(block, column, self.cfg.nan_policy, self.form or DateFormat(self.cfg.date_format, ""),
@@ -128,6 +133,16 @@ def parse_dates(frame: pd.DataFrame, column: str, policy: NanPolicy, form: DateF
     if clock is not None:
         dates = clock.utc(dates, ~has_offset(text), frame, column, text, file_line)
     return frame.assign(**{column: dates}), dropped
+
+
+def warn_utc_calendar(cfg: DataConfig) -> None:
+    """A warning when dates with a UTC offset are read in UTC (no data.timezone) and a derived column reads the
+    calendar from them: its hours and days would be UTC's, not the table's."""
+    reads = [name for name, spec in cfg.derived.items() if spec.kind in ("calendar", "holiday")]
+    if cfg.timezone is None and reads:
+        log.warning("the dates carry a UTC offset and data.timezone is not set: they are read in UTC, and so are the "
+                    "calendar columns %s; set data.timezone to the table's zone (e.g. data.timezone=Europe/Paris) "
+                    "to read them in local time", ", ".join(reads))
 
 
 def has_offset(text: pd.Series) -> np.ndarray:

@@ -32,7 +32,7 @@ import pandas as pd
 
 from tamrun.config.schema import DataConfig, SplitConfig
 from tamrun.data.chunks import GroupChunk, group_filter
-from tamrun.data.dates import FileDates, LocalClock, instant, table_time
+from tamrun.data.dates import FileDates, LocalClock, instant, table_time, warn_utc_calendar
 from tamrun.data.file_kind import EXCERPT_NAMES
 from tamrun.errors import DataError
 
@@ -269,6 +269,8 @@ def table_dates(frame: pd.DataFrame, column: str, cfg: DataConfig) -> pd.Series:
     raw = pd.to_datetime(frame[column])
     dates = naive_utc(raw)
     clock = LocalClock.of(cfg)
+    if raw.dt.tz is not None:
+        warn_utc_calendar(cfg)
     if clock is None or raw.dt.tz is not None:
         return dates
     return clock.utc(dates, np.ones(len(dates), dtype=bool), frame, column, frame[column],
