@@ -86,7 +86,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     check_magnitudes(frame, {f: c for f, c in numeric.items() if f != "data.target"}, data.date_column, data.group)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
-    check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates)
+    check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates, data.timezone)
     frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,

@@ -96,9 +96,15 @@ def test_offsets_and_naive_parquet_give_the_naive_csv_s_columns(dst, written):
 
 def test_without_a_time_zone_naive_dates_are_taken_as_they_are(dst):
     """The old behaviour: the repeated hour is a duplicate (refused by the run's duplicate check)."""
+    from tamrun.config.schema import CheckPolicy
+    from tamrun.data.checks import check_duplicate_dates
+
     frame = table_of(dst["naive"])
     assert frame.duplicated(["date", "site"]).sum() == 2
     assert row(frame, "2022-03-27 03:00")["time_of_day"] == 3
+    with pytest.raises(DataError, match="2 row.s. repeat a date .first: 2022-10-30 02:00:00 in group 'site_1'.*set "
+                                        "data.timezone to the table's zone if they are local times of the hour"):
+        check_duplicate_dates(frame, "date", "site", CheckPolicy.error)
 
 
 def test_offsets_without_a_time_zone_are_read_in_utc_with_a_warning(dst, caplog):
