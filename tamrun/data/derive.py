@@ -105,9 +105,21 @@ class DataRecipe:
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
-    def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """``frame`` with the derived columns it lacks (a copy when any is added)."""
-        missing = {name: spec for name, spec in self.derived.items() if name not in frame.columns}
+    def needed(self, columns: Optional[Iterable[str]]) -> Dict[str, DerivedColumn]:
+        """The derived columns ``columns`` (None: all) are or read, those read by them included (an ``isin``'s
+        or an expression's earlier derived columns), in config order."""
+        if columns is None:
+            return dict(self.derived)
+        wanted = set(columns)
+        for name in reversed(list(self.derived)):
+            if name in wanted:
+                wanted.update(self.sources(name, self.derived))
+        return {name: spec for name, spec in self.derived.items() if name in wanted}
+
+    def apply(self, frame: pd.DataFrame, columns: Optional[Iterable[str]] = None) -> pd.DataFrame:
+        """``frame`` with the derived columns it lacks (a copy when any is added); ``columns``: only those the
+        model reads (`needed`): a derived column it does not read may lack its source."""
+        missing = {name: spec for name, spec in self.needed(columns).items() if name not in frame.columns}
         if not missing:
             return frame
         if self.date_column in frame.columns:

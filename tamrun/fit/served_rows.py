@@ -187,7 +187,7 @@ def check_inputs(model: FittedModel, frame: pd.DataFrame) -> None:
     refuse_duplicated(frame)
     refuse_absent_or_missing(model, frame)
     refuse_complex(model, frame)
-    rows = model.recipe.apply(refuse_bad_dates(model, frame))
+    rows = model.recipe.apply(refuse_bad_dates(model, frame), model.input_columns)
     codes = group_codes(model, rows)
     refuse_unseen_levels(model, rows)
     refuse_outside(model, rows, codes)
