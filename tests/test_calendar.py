@@ -283,3 +283,15 @@ def test_a_streamed_run_reads_local_times_as_the_whole_run(compose_cfg, tmp_path
     assert whole.metrics["n_train_rows"] == 6 * (17 * 24 + 1)  # 30 October's 25 hours
     for name in ("rmse_train", "rmse_test", "mape_test"):
         assert streamed.metrics[name] == pytest.approx(whole.metrics[name], rel=1e-9), name
+
+
+def test_split_days_are_local_midnights_even_where_the_clocks_change_at_midnight():
+    """Paris's days start at 23:00 or 22:00 UTC; Havana's clocks change at midnight: 6 November 2022 starts at
+    its first midnight (04:00 UTC, still summer time), 13 March at 01:00 (the midnight it skips)."""
+    from tamrun.data.dates import table_time
+
+    days = pd.DatetimeIndex(["2022-10-30", "2022-10-31", "2022-03-27"])
+    assert table_time(days, PARIS).tolist() == [pd.Timestamp(t) for t in ("2022-10-29 22:00", "2022-10-30 23:00",
+                                                                          "2022-03-26 23:00")]
+    havana = table_time(pd.DatetimeIndex(["2022-11-06", "2022-03-13"]), "America/Havana")
+    assert havana.tolist() == [pd.Timestamp("2022-11-06 04:00"), pd.Timestamp("2022-03-13 05:00")]

@@ -224,11 +224,12 @@ def unparsed(column: str, text: pd.Series, failed: pd.Series, form: DateFormat) 
 
 def table_time(days: pd.DatetimeIndex, timezone: Optional[str]) -> pd.DatetimeIndex:
     """Local wall times ``days`` (naive; e.g. the split's and the backtest's midnights) as the table holds
-    its dates: unchanged without ``data.timezone``, else converted to naive UTC (local midnight never
-    falls in a clock change, which happens at night but not at midnight in the zones that shift)."""
+    its dates: unchanged without ``data.timezone``, else converted to naive UTC. A few zones change their
+    clocks at midnight: a midnight that reads twice is its first, one that does not exist the time after it."""
     if timezone is None:
         return days
-    return days.tz_localize(timezone, ambiguous="raise", nonexistent="shift_forward").tz_convert("UTC").tz_localize(None)
+    first = np.ones(len(days), dtype=bool)
+    return days.tz_localize(timezone, ambiguous=first, nonexistent="shift_forward").tz_convert("UTC").tz_localize(None)
 
 
 @dataclass
