@@ -295,3 +295,23 @@ def test_split_days_are_local_midnights_even_where_the_clocks_change_at_midnight
                                                                           "2022-03-26 23:00")]
     havana = table_time(pd.DatetimeIndex(["2022-11-06", "2022-03-13"]), "America/Havana")
     assert havana.tolist() == [pd.Timestamp("2022-11-06 04:00"), pd.Timestamp("2022-03-13 05:00")]
+
+
+def test_parquet_timestamps_with_a_zone_are_filtered_on_local_days(dst, tmp_path):
+    """The split's local days pushed down to a column of zoned timestamps (their UTC instants) and to one of
+    naive local times keep the same rows: local 30 October 2022, 25 hours a site."""
+    from tamrun.config.schema import SplitConfig
+    from tamrun.data.parquet import DateWindow
+
+    zoned = tmp_path / "zoned.parquet"
+    dst["frame"].to_parquet(zoned, index=False)
+    window = DateWindow.of(SplitConfig(train_start="2022-10-30", train_end="2022-10-30", test_start="2022-10-31",
+                                       test_end="2022-10-31"), PARIS)
+    read = {}
+    for name, path in (("zoned", zoned), ("naive", dst["parquet"])):
+        cfg = DataConfig(source=DataSource.file, path=str(path), target="load", group="site", timezone=PARIS)
+        loaded = read_table(cfg, window=window)
+        assert loaded.parquet.pushed_down, name
+        read[name] = loaded.frame
+    assert len(read["zoned"]) == 2 * 25
+    pd.testing.assert_frame_equal(read["zoned"], read["naive"], check_dtype=False)
