@@ -27,6 +27,7 @@ from tamrun.data.chunks import GroupChunk
 from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_constant_in_groups,
                                  check_duplicate_dates, check_table, check_target_leakage, check_target_outliers,
                                  drop_missing_groups, enforce)
+from tamrun.data.calendar import Calendar
 from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
 from tamrun.data.load import frame_bytes, read_table
 from tamrun.data.parquet import DateWindow
@@ -75,26 +76,27 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     only its groups (a streamed run, `tamrun.jobs.stream`)."""
     data = config.data
     numeric = model_columns(config, specs)
-    loaded = read_table(data, *file_columns(data, numeric), room=room, window=DateWindow.of(config.split),
-                        chunk=chunk)
+    loaded = read_table(data, *file_columns(data, numeric), room=room,
+                        window=DateWindow.of(config.split, data.timezone), chunk=chunk)
     frame = loaded.frame
     room("deriving and checking the data", "check", frame_bytes(frame))
-    frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin)
+    calendar = Calendar.of(data, frame[data.date_column])
+    frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin, calendar)
     check_table(frame, numeric, data.group, data.date_column)
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     check_magnitudes(frame, {f: c for f, c in numeric.items() if f != "data.target"}, data.date_column, data.group)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
-    check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates)
+    check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates, data.timezone)
     frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
                         loaded.origin if loaded.origin is not None else frame[data.date_column].min() if len(frame)
-                        else None, data.date_format, data.dayfirst)
+                        else None, data.date_format, data.dayfirst, calendar)
     room("splitting the data", "split", frame_bytes(frame))
-    train, test = split_by_date(frame, config.split, data.date_column)
+    train, test = split_by_date(frame, config.split, data.date_column, data.timezone)
     check_constant_columns(train, effect_columns(specs), data.constant_features)
     check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
-    train, validation = carve_validation(train, config.split, data.date_column)
+    train, validation = carve_validation(train, config.split, data.date_column, data.timezone)
     return Splits(train, test, validation, recipe)
 
 

@@ -26,6 +26,7 @@ from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
 from tamrun.jobs.record import record_inputs
+from tamrun.jobs.refit import refit_job
 from tamrun.jobs.result import RunResult
 from tamrun.jobs.shard import shard_job
 from tamrun.jobs.stream import stream_job, stream_plan
@@ -118,7 +119,8 @@ def tracked_job(cfg: Any, config: Config, specs: Dict[str, Any], devices: Device
     else:
         prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
     record_inputs(tracked, prepared)
-    return TRACKED_JOBS[config.mode.name](prepared, tracked)
+    job = refit_job if config.split.refit else TRACKED_JOBS[config.mode.name]  # split.refit: mode=run only
+    return job(prepared, tracked)
 
 
 def model_label(config: Config) -> str:
@@ -128,9 +130,9 @@ def model_label(config: Config) -> str:
 
 def run_tags(config: Config, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
     """The run's tags: tamrun's version, the model and data names, MLflow's source and user tags
-    (`tamrun.tracking.source`), and ``extra``."""
+    (`tamrun.tracking.source`), tracking.tags, and ``extra``."""
     return {"tamrun_version": tamrun.__version__, "model": model_label(config), "data": config.data.name,
-            **source_tags(), **(extra or {})}
+            **source_tags(), **config.tracking.tags, **(extra or {})}
 
 
 def thread_tags(devices: DeviceManager) -> Dict[str, str]:

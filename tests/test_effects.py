@@ -40,6 +40,17 @@ def test_fourier_design_and_sobolev_penalty(cyclic):
     np.testing.assert_allclose(effect.penalty().numpy(), np.diag(np.concatenate([weights, weights])), rtol=1e-15)
 
 
+def test_fourier_with_a_period_reads_the_raw_value_whatever_the_training_range():
+    """period P: cos, sin of 2 pi k x / P on the raw x (a day of year keeps its yearly cycle from half a year)."""
+    effect = FourierEffect("f", FourierSpec(column="doy", m=2, period=365.25))
+    x = np.array([[1.0], [91.0], [182.0], [366.0]])
+    scaled = torch.full((4, 1), 0.5, dtype=torch.float64)  # what a training range would make of x: ignored
+    expected = np.column_stack([np.cos(2 * np.pi * k * x[:, 0] / 365.25) for k in (1, 2)]
+                               + [np.sin(2 * np.pi * k * x[:, 0] / 365.25) for k in (1, 2)])
+    got = effect.block(torch.tensor(x), scaled).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOL)
+
+
 def test_categorical_nominal_one_hot_and_identity_penalty():
     effect = CategoricalEffect("c", CategoricalSpec(column="d", topo="nominal", ap=-1.0))
     effect.fit(np.array([[3.0], [1.0], [2.0], [1.0]]), None)

@@ -1,9 +1,9 @@
 """docs/serving.md as written: every ```sh block, in page order, each in a fresh ``bash -euo pipefail`` from
 one empty folder, with this interpreter's environment first on PATH and PORT a free port (the page's
-only variable). Checked after: the sweep chose on the validation year, the best job was registered as
-national-load@champion, the served forecast for 2024-01-01 is the champion's own predictions, and the
-last block stopped the server (nothing of it left, its port free). Whatever a failing block leaves is
-stopped by the test (the server's process group)."""
+only variable). Checked after: the sweep chose on the validation year, the best job was refitted through it
+and that refit registered as national-load@champion, the served forecast for 2024-01-01 is the champion's
+own predictions, and the last block stopped the server (nothing of it left, its port free). Whatever a
+failing block leaves is stopped by the test (the server's process group)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,9 @@ def test_the_serving_page_runs_as_written(tmp_path, monkeypatch):
     champion = client.get_model_version_by_alias("national-load", "champion")
     parent = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id],
                                 filter_string="tags.sweep_role = 'parent'")[0]
-    assert champion.run_id == parent.data.tags["best_run_id"]  # the registered model is the sweep's choice
+    refit = client.get_run(champion.run_id)  # the registered model is the sweep's choice, refitted (--refit)
+    assert refit.data.tags["refit_of"] == parent.data.tags["best_run_id"] != champion.run_id
+    assert refit.data.params["refit_through"].startswith("2023-12-31")  # trained through the validation year
     forecast = pd.DataFrame(json.loads((tmp_path / "forecast.json").read_text())["predictions"])
     rows = pd.read_csv(tmp_path / "rows.csv")
     assert forecast["date"].tolist() == rows["date"].tolist() and len(rows) == 48

@@ -28,17 +28,17 @@ def hourly_sites(sites: int = 4, start: str = "2021-01-01", end: str = "2023-12-
     ``start`` to the end of ``end`` in ``timezone`` (so 23 or 25 rows on the days the clocks change)."""
     import holidays  # the table's days off, as the forecaster's calendar has them
 
-    hours = pd.date_range(pd.Timestamp(start, tz=timezone),
-                          pd.Timestamp(end, tz=timezone) + pd.Timedelta(days=1), freq="h", inclusive="left")
+    hours = pd.date_range(pd.Timestamp(start, tz=timezone),  # to the local midnight after ``end`` (25 h on its day)
+                          (pd.Timestamp(end) + pd.Timedelta(days=1)).tz_localize(timezone), freq="h", inclusive="left")
     days = hours.tz_localize(None).normalize()
     off_days = holidays.country_holidays(country, years=range(hours[0].year, hours[-1].year + 1))
     holiday = np.isin(days.date, np.array(list(off_days), dtype=object))
-    day_off = holiday | (hours.dayofweek.to_numpy() >= 5)
+    day_off = holiday | (hours.day_of_week.to_numpy() >= 5)
     hour = hours.hour.to_numpy()
     daily = np.where(day_off, 0.6 * np.sin(np.pi * np.clip(hour - 8, 0, 14) / 14) - 0.2,
                      np.sin(np.pi * np.clip(hour - 6, 0, 16) / 16) - 0.1 * (hour < 5))
-    weekly = np.array([0.02, 0.03, 0.03, 0.02, -0.01, -0.03, -0.06])[hours.dayofweek.to_numpy()]
-    yearly = np.cos(2 * np.pi * (hours.dayofyear.to_numpy() - 15) / 365.25)
+    weekly = np.array([0.02, 0.03, 0.03, 0.02, -0.01, -0.03, -0.06])[hours.day_of_week.to_numpy()]
+    yearly = np.cos(2 * np.pi * (hours.day_of_year.to_numpy() - 15) / 365.25)
     rng = np.random.default_rng(seed)
     frames = []
     for s in range(sites):

@@ -8,6 +8,8 @@
     python -m tamrun.compare --sweep last --sort rmse_validation     # ranked, least first, the best marked
     python -m tamrun.compare --sweep last --best                      # the best run's id, name and model URI
     python -m tamrun.compare --sweep last --best --register load-fc   # ... registered as load-fc@champion
+    python -m tamrun.compare --sweep last --best --register load-fc --refit   # ... refitted through its
+                                                                # validation period first (tamrun.compare.refit)
 
 The best run (`tamrun.compare.best`): the first FINISHED run on the ranking metric (``--sort``, default
 rmse_validation when a shown run logged it, else rmse_test), least first unless ``--descending``.
@@ -16,7 +18,8 @@ Exit codes: 0, or 2 with one line (``tamrun: config error: <option>=<value>: ...
 or experiment that does not exist, a filter MLflow cannot parse or one that names a metric no run logged,
 a --sort metric no shown run logged, no best run, a best run without a logged model to register, and
 for a locked server's refusal (no or wrong credentials, an untrusted certificate, an experiment the
-user may not read). A user who may only READ the experiment sees its runs and sweeps.
+user may not read), --refit without --register, and a best run --refit cannot refit
+(`tamrun.compare.refit`). A user who may only READ the experiment sees its runs and sweeps.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--best", action="store_true", help="print the best run's id, name and model URI only")
     parser.add_argument("--register", metavar="NAME", help="register the best run's model as a new version of "
                         "NAME, with the alias --alias (implies --best)")
+    parser.add_argument("--refit", action="store_true", help="with --register: run the best run's config again "
+                        "with split.refit=true (trained through the end of its validation period, its intervals "
+                        "calibrated on that period's held-out residuals), tag that run refit_of=<best run id> and "
+                        "register its model, not the best run's")
     parser.add_argument("--alias", default=DEFAULT_ALIAS, help="the alias --register moves to the new version "
                         "(default: %(default)s)")
     return parser.parse_args(argv)
@@ -116,6 +123,10 @@ def check_options(args: argparse.Namespace) -> None:
                           f"at most {SEARCH_MAX_RESULTS_THRESHOLD} runs in one search)",
                           f"give -n a count from 1 to {SEARCH_MAX_RESULTS_THRESHOLD}, or narrow the runs with --sweep or "
                           "--filter")
+    if args.refit and args.register is None:
+        raise ConfigError("--refit", True, "--refit refits the best run to register it, and no --register NAME was "
+                          "given", "add --register NAME, e.g. python -m tamrun.compare --sweep last --best "
+                          "--register load-forecast --refit")
     if args.register is not None:
         check_names(args.register, args.alias)
 
@@ -157,7 +168,6 @@ def ranked_report(client: Any, args: argparse.Namespace, runs: List[Any], shown:
     """The runs ranked on ``--sort`` with the best marked and named (its model, its page); with ``--best``
     or ``--register``, the best run alone (and its registration)."""
     from tamrun.compare.best import best_run, check_sort, logged_model_uri, ranked, ranking_metric
-    from tamrun.compare.register import register
     from tamrun.compare.table import render
     from tamrun.numbers import significant
     from tamrun.redact import redacted
@@ -185,13 +195,32 @@ def ranked_report(client: Any, args: argparse.Namespace, runs: List[Any], shown:
     lines = [chosen, f"run_id: {best.run.info.run_id}", f"run_name: {best.name}",
              f"model_uri: {model or '-'}"]
     if args.register:
-        if model is None:
-            raise ConfigError("--register", args.register, f"the best run '{best.name}' ({best.run.info.run_id}) "
-                              "logged no model", "run it again with tracking.log_model=true (the default)")
-        version = register(client, best, model, args.register, args.store, args.alias)
-        lines.append(f"registered: {args.register} version {version.version}, alias {args.register}@{args.alias} "
-                     f"(mlflow.pyfunc.load_model('models:/{args.register}@{args.alias}'))")
+        lines += registration(client, args, best, model)
     return "\n".join(lines)
+
+
+def registration(client: Any, args: argparse.Namespace, best: Any, model: Optional[str]) -> List[str]:
+    """``--register``: the best run's model (with ``--refit``, its refit's: `tamrun.compare.refit`) registered
+    as a new version of the name, the alias moved to it; the lines that say so."""
+    from tamrun.compare.best import Best, logged_model_uri
+    from tamrun.compare.refit import refit_run
+    from tamrun.compare.register import register
+
+    lines: List[str] = []
+    if args.refit:
+        refit = refit_run(client, best, args.store, args.experiment)
+        model = logged_model_uri(client, refit)
+        lines.append(f"refit: '{refit.info.run_name}' run_id {refit.info.run_id}, trained through "
+                     f"{refit.data.params.get('refit_through', '-')}, tag refit_of={best.run.info.run_id}; "
+                     f"model_uri: {model or '-'}")
+        best = Best(refit, best.metric, best.value)
+    if model is None:
+        raise ConfigError("--register", args.register, f"the run '{best.name}' ({best.run.info.run_id}) "
+                          "logged no model", "run it again with tracking.log_model=true (the default)")
+    version = register(client, best, model, args.register, args.store, args.alias)
+    lines.append(f"registered: {args.register} version {version.version}, alias {args.register}@{args.alias} "
+                 f"(mlflow.pyfunc.load_model('models:/{args.register}@{args.alias}'))")
+    return lines
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -199,6 +228,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from tamrun.redact import redacted
 
     args = parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # --refit reads the best run's config
     try:
         text = report(args)
     except TamrunError as error:

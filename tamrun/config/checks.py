@@ -11,15 +11,16 @@ import math
 import re
 from typing import Any, List, Mapping
 
+from tamrun.config.calendar import check_calendar
 from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_size, cli_text
-from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode,
+from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode, ShardOver,
                                   schema_default)
 from tamrun.config.expr import parse_expression
 from tamrun.config.offsets import check_backtest
 from tamrun.config.secret_sources import check_no_secret
 from tamrun.errors import ConfigError
 
-_DERIVED_KINDS = ("time_index", "isin", "expr")
+_DERIVED_KINDS = ("time_index", "isin", "expr", "calendar", "holiday")
 # The most candidates of one effect's GCV grid (model.gcv.span / model.gcv.step).
 MAX_GCV_GRID = 401
 # Columns of mode=aggregate's predictions table and words of its metrics no expert may be named.
@@ -50,6 +51,7 @@ def check_config(cfg: Config) -> None:
     _check_backtest(cfg)
     _check_aggregate(cfg)
     _check_intervals(cfg)
+    _check_refit(cfg)
     _check_tracking(cfg)
     _check_objective(cfg)
     _check_tco(cfg)
@@ -137,6 +139,7 @@ def _check_data(cfg: Config) -> None:
             _require(bool(derived.expr), f"{field}.expr", derived.expr, "an expr column needs an expression",
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
             parse_expression(f"{field}.expr", derived.expr)  # settings are data: no code before any data
+    check_calendar(cfg)
 
 
 def _check_adaptive(cfg: Config) -> None:
@@ -229,6 +232,17 @@ def _check_aggregate(cfg: Config) -> None:
         values = list(getattr(agg, name))
         _require(bool(values), f"{field}.{name}", values, "the list of candidates is empty",
                  f"set {field}.{name}={cli_list(schema_default(f'{field}.{name}'))}")
+
+
+def _check_refit(cfg: Config) -> None:
+    """split.refit: mode=run (or its plan) only, its groups fitted in this process."""
+    if not cfg.split.refit:
+        return
+    _require(cfg.mode.name in (ModeName.run, ModeName.plan), "split.refit", True,
+             f"only mode=run refits on its validation period (this is mode={cfg.mode.name.value}, which "
+             "refits or chooses in its own way)", "set split.refit=false, or use mode=run")
+    _require(cfg.shard.over != ShardOver.ray, "split.refit", True, "a run sharded over a Ray cluster "
+             "(shard.over=ray) does not refit yet", "set split.refit=false, or shard.over=local")
 
 
 def cli_list(values: List[Any]) -> str:

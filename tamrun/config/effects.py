@@ -36,6 +36,8 @@ class LinearSpec:
 @dataclass
 class FourierSpec:
     """[cos(k pi x / c), sin(k pi x / c)], k = 1..m, on x scaled to [-1, 1]; c = 1 if cyclic else 2.
+    With a ``period`` P (in the column's own units): [cos(2 pi k x / P), sin(2 pi k x / P)] on the raw
+    x, whatever range the training rows cover (a calendar part: day_of_year with P = 365.25).
 
     Penalty lambda * diag(1 + k^(2s)) on both the cos and the sin of frequency k (Sobolev order s).
     """
@@ -45,6 +47,7 @@ class FourierSpec:
     m: int = 6
     s: float = 2.0
     cyclic: bool = False
+    period: Optional[float] = None
     ap: float = -3.0
 
 

@@ -143,7 +143,8 @@ MACHINE_CLASS: Dict[str, Range] = {
 
 EFFECTS: Dict[str, Dict[str, Range]] = {
     "linear": {"scale": Range(-1e6, 1e6, what="the feature scale"), "ap": LOG10_PENALTY},
-    "fourier": {"m": Range(1, 1000, what="the number of frequencies"), "s": SOBOLEV, "ap": LOG10_PENALTY},
+    "fourier": {"m": Range(1, 1000, what="the number of frequencies"), "s": SOBOLEV, "ap": LOG10_PENALTY,
+                "period": Range(0, low_open=True, what="the period in the column's units")},
     "categorical": {"s": SOBOLEV, "ap": LOG10_PENALTY},
     "spline": {"k": Range(1, 10_000, what="the number of knot intervals"), "deg": Range(1, 5, what="the degree"),
                "p": Range(0, 10, what="the difference order"), "ap": LOG10_PENALTY},

@@ -166,6 +166,14 @@ class OutlierPolicy(str, Enum):
     drop = "drop"
 
 
+# The parts of the date a derived column of kind calendar reads (tamrun/data/calendar.py), in local time
+# (data.timezone): hour (0-23), time_of_day (the index of the time within its day in steps of the table's
+# own: 0-23 hourly, 0-47 half-hourly), day_of_week (0 = Monday), day_of_year (1-366), week (ISO, 1-53),
+# month (1-12), weekend (1.0 on Saturday and Sunday), day_off (1.0 on a weekend or a public holiday of
+# data.holidays).
+CALENDAR_PARTS = ("time_of_day", "hour", "day_of_week", "day_of_year", "week", "month", "weekend", "day_off")
+
+
 @dataclass
 class DerivedColumn:
     """A column computed from the data before the effects see it.
@@ -173,7 +181,9 @@ class DerivedColumn:
     kind ``time_index``: (date - first training date) in units of ``unit`` (a pandas offset such as
     ``D`` or ``h``); kind ``isin``: 1.0 where ``column`` takes one of ``values``, else 0.0;
     kind ``expr``: arithmetic and comparisons on columns and literals (``(temp_f - 32) / 1.8``,
-    ``dow >= 5``), checked against an allow-list before it is evaluated (`tamrun.config.expr`).
+    ``dow >= 5``), checked against an allow-list before it is evaluated (`tamrun.config.expr`);
+    kind ``calendar``: the ``part`` of the date (`CALENDAR_PARTS`) in local time; kind ``holiday``: 1.0 on a
+    public holiday of data.holidays. ``bridge`` (holiday, and calendar's day_off): bridge days count too.
     """
 
     kind: str = MISSING
@@ -181,6 +191,11 @@ class DerivedColumn:
     values: Optional[List[float]] = None
     unit: str = "D"
     expr: Optional[str] = None
+    # kind calendar: one of CALENDAR_PARTS.
+    part: Optional[str] = None
+    # kind holiday, and calendar's day_off: also 1.0 on a bridge day (a working day between a public holiday
+    # and a weekend or another holiday: the Friday after a Thursday holiday, the Monday before a Tuesday one).
+    bridge: bool = False
 
 
 @dataclass
@@ -204,6 +219,12 @@ class DataConfig:
     # set, dates are held in UTC (naive) so that the hour the clocks go back is not a duplicate, the split's and
     # the backtest's days are local midnights, and calendar parts are read in local time (tamrun/data/dates.py).
     timezone: Optional[str] = None
+    # The country whose public holidays derived columns of kind holiday (and calendar's day_off) read: its
+    # ISO code as the holidays package names it (FR, DE, US, GB, ...); None: none (day_off is the weekend).
+    holidays: Optional[str] = None
+    # A subdivision of that country with holidays of its own (DE: BY, BW, ...; US: CA, NY, ...); None: the
+    # country's national ones.
+    holiday_subdivision: Optional[str] = None
     target: str = "Load"
     group: Optional[str] = "tod"
     # name -> DerivedColumn (typed when loaded, see `mapping_of`).
@@ -242,6 +263,11 @@ class SplitConfig:
     # scored as rmse_validation / mape_validation. None = no validation split.
     validation_start: Optional[str] = None
     validation_end: Optional[str] = None
+    # mode=run with a validation period: fit without it, predict it (its held-out residuals calibrate the
+    # intervals, its scores are rmse_validation / mape_validation), then refit on every training row, the
+    # validation period's included: the refit is the model, its test metrics the run's (tamrun/jobs/refit.py;
+    # python -m tamrun.compare --refit). Without a validation period a plain run.
+    refit: bool = False
 
 
 @dataclass
@@ -451,6 +477,9 @@ class TrackingConfig:
     # None: <folder of the sqlite file>/mlartifacts
     artifact_root: Optional[str] = None
     experiment: str = "tamrun"
+    # Extra tags of the run (name -> value), e.g. +tracking.tags.team=grid; python -m tamrun.compare --refit
+    # sets refit_of=<run id>.
+    tags: Dict[str, str] = field(default_factory=dict)
     # None: <model.name>-<data.name>
     run_name: Optional[str] = None
     log_predictions: bool = True

@@ -82,17 +82,24 @@ def drop_missing_groups(frame: pd.DataFrame, group: Optional[str], policy: NanPo
                     "fill the group column, or set data.nan_policy=drop to drop those rows")
 
 
-def check_duplicate_dates(frame: pd.DataFrame, date_column: str, group: Optional[str], policy: CheckPolicy) -> None:
-    """Each (group, date) at most once."""
+def check_duplicate_dates(frame: pd.DataFrame, date_column: str, group: Optional[str], policy: CheckPolicy,
+                          timezone: Optional[str] = None) -> None:
+    """Each (group, date) at most once. Without data.timezone, repeats that all fall early on Sundays of the
+    months the clocks go back (March, April, October, November) are likely local times of the repeated
+    hour: the fix then names data.timezone too."""
     keys = [date_column] + ([group] if group else [])
     duplicated = frame.duplicated(keys, keep="first")
     if duplicated.any():
         first = frame.loc[duplicated.idxmax()]
         where = f" in group {plain(first[group])!r} of column {group!r}" if group else ""
+        dates = frame.loc[duplicated.to_numpy(), date_column]
+        clocks = timezone is None and bool(((dates.dt.day_of_week == 6) & dates.dt.month.isin([3, 4, 10, 11])
+                                            & (dates.dt.hour <= 3)).all())
         enforce(policy, "data.duplicate_dates", DataError(
             "data.date_column", date_column, f"{int(duplicated.sum())} row(s) repeat a date (first: "
             f"{first[date_column]}{where})", "aggregate or drop the duplicated rows, set data.group to the column "
-            "that tells them apart"))
+            "that tells them apart" + (", set data.timezone to the table's zone if they are local times of the "
+                                       "hour the clocks go back (e.g. data.timezone=Europe/Paris)" if clocks else "")))
 
 
 def check_constant_columns(train: pd.DataFrame, columns: Mapping[str, str], policy: CheckPolicy) -> None:

@@ -10,19 +10,25 @@ import pandas as pd
 
 from tamrun.config.schema import DerivedColumn
 from tamrun.config.expr import evaluate, names, parse_expression
+from tamrun.data.calendar import Calendar, calendar_column
 from tamrun.data.dates import read_dates
 from tamrun.data.file_kind import use_one_of
 from tamrun.errors import DataError
 
 
+DATE_KINDS = ("time_index", "calendar", "holiday")  # the kinds read from the date column alone
+
+
 def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
-                        origin: Optional[pd.Timestamp] = None) -> pd.DataFrame:
+                        origin: Optional[pd.Timestamp] = None, calendar: Optional[Calendar] = None) -> pd.DataFrame:
     """Return ``frame`` with each derived column appended, in config order (a new frame; the
     existing columns are shared, copy-on-write, not copied).
 
     ``time_index``: (date - origin) / unit, a float (origin: the frame's first date unless given);
     ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: the expression's value as float
-    (`tamrun.config.expr`: arithmetic and comparisons on columns and literals, checked before it is evaluated).
+    (`tamrun.config.expr`: arithmetic and comparisons on columns and literals, checked before it is evaluated);
+    ``calendar`` and ``holiday``: read from the date in local time (`tamrun.data.calendar`, with ``calendar``:
+    the time zone, the country's holidays and the table's step; its step read from ``frame`` when not known).
     """
     out = frame.copy(deep=False)
     for name, spec in derived.items():
@@ -38,6 +44,10 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             if spec.column not in out.columns:
                 raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(out.columns))
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
+        elif spec.kind in ("calendar", "holiday"):
+            if calendar is None or calendar.step_seconds is None:
+                calendar = Calendar.of_table(calendar, out[date_column])
+            out[name] = calendar_column(out[date_column], spec, field, calendar)
         else:  # expr (kinds are checked by tamrun.config.checks)
             out[name] = evaluate(f"{field}.expr", spec.expr, out)
     return out
@@ -60,7 +70,8 @@ def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str
 @dataclass(frozen=True)
 class DataRecipe:
     """What turns a raw table into the rows a fitted model reads: the derived columns (a time index
-    counts from ``origin``, the first date of the table the model was fitted from), the date, target
+    counts from ``origin``, the first date of the table the model was fitted from; calendar and holiday
+    columns are read with ``calendar``, the table's time zone, holidays and step), the date, target
     and group columns (data config)."""
 
     derived: Dict[str, DerivedColumn]
@@ -70,6 +81,16 @@ class DataRecipe:
     origin: Optional[pd.Timestamp]
     date_format: Optional[str] = None  # how the file's dates were read (data.date_format, data.dayfirst):
     dayfirst: bool = False  # a table to predict from is read the same way (`read_dates`)
+    calendar: Optional[Calendar] = None  # None: a model saved before calendars (no time zone)
+
+    @property
+    def timezone(self) -> Optional[str]:
+        """data.timezone of the table the model was fitted from: a date without an offset is local time there."""
+        return None if self.calendar is None else self.calendar.timezone
+
+    def dates(self, frame: pd.DataFrame) -> pd.Series:
+        """``frame``'s date column read as the run read its file's (`read_dates`)."""
+        return read_dates(frame[self.date_column], self.date_format, self.dayfirst, self.timezone, frame, self.group)
 
     def sources(self, column: str, available: Iterable[str]) -> List[str]:
         """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
@@ -77,19 +98,30 @@ class DataRecipe:
         spec = self.derived.get(column)
         if spec is None:
             return [column]
-        if spec.kind == "time_index":
+        if spec.kind in DATE_KINDS:
             return [self.date_column]
         if spec.kind == "isin":
             return [spec.column]
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
-    def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """``frame`` with the derived columns it lacks (a copy when any is added)."""
-        missing = {name: spec for name, spec in self.derived.items() if name not in frame.columns}
+    def needed(self, columns: Optional[Iterable[str]]) -> Dict[str, DerivedColumn]:
+        """The derived columns ``columns`` (None: all) are or read, those read by them included (an ``isin``'s
+        or an expression's earlier derived columns), in config order."""
+        if columns is None:
+            return dict(self.derived)
+        wanted = set(columns)
+        for name in reversed(list(self.derived)):
+            if name in wanted:
+                wanted.update(self.sources(name, self.derived))
+        return {name: spec for name, spec in self.derived.items() if name in wanted}
+
+    def apply(self, frame: pd.DataFrame, columns: Optional[Iterable[str]] = None) -> pd.DataFrame:
+        """``frame`` with the derived columns it lacks (a copy when any is added); ``columns``: only those the
+        model reads (`needed`): a derived column it does not read may lack its source."""
+        missing = {name: spec for name, spec in self.needed(columns).items() if name not in frame.columns}
         if not missing:
             return frame
         if self.date_column in frame.columns:
-            frame = frame.assign(**{self.date_column: read_dates(frame[self.date_column], self.date_format,
-                                                                 self.dayfirst)})
-        return add_derived_columns(frame, missing, self.date_column, self.origin)
+            frame = frame.assign(**{self.date_column: self.dates(frame)})
+        return add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar)

@@ -7,7 +7,9 @@ as columns), read by pyarrow with only what the run uses.
   inclusive days) are pushed down to pyarrow as a filter on the date column when that column holds
   timestamps or dates: row groups (and partitions) outside the periods are skipped by their statistics,
   and the rows kept are those of the split. A date column of text is read whole and parsed as a CSV's
-  (`tamrun.data.dates`); the calendar split drops the other rows after.
+  (`tamrun.data.dates`); the calendar split drops the other rows after. Under data.timezone the days are
+  local midnights: converted to UTC for a column of timestamps with a zone, as they are for naive
+  timestamps (local wall times, converted to UTC once read: `tamrun.data.dates.LocalClock`) and for dates.
 - **Origin.** A derived ``time_index`` counts from the table's first date: with a filter the first date
   read may be later, so `read_parquet` also returns the first date of the whole column (`ParquetRead`).
 
@@ -25,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
+import numpy as np
 import pandas as pd
 
 from tamrun.config.schema import DataConfig, SplitConfig
 from tamrun.data.chunks import GroupChunk, group_filter
+from tamrun.data.dates import FileDates, LocalClock, instant, table_time, warn_utc_calendar
 from tamrun.data.file_kind import EXCERPT_NAMES
 from tamrun.errors import DataError
 
@@ -107,9 +111,10 @@ class DateWindow:
     open). Validation lies inside training."""
 
     periods: Tuple[Tuple[Optional[pd.Timestamp], Optional[pd.Timestamp]], ...]
+    timezone: Optional[str] = None  # data.timezone: the days are its local days
 
     @classmethod
-    def of(cls, split: SplitConfig) -> "DateWindow":
+    def of(cls, split: SplitConfig, timezone: Optional[str] = None) -> "DateWindow":
         """The window of a split config (its bounds checked later by `tamrun.data.split`; one that is not
         a date leaves its side open here)."""
         def day(value: Optional[str]) -> Optional[pd.Timestamp]:
@@ -117,7 +122,8 @@ class DateWindow:
                 return None if value is None else pd.Timestamp(str(value)).normalize()
             except ValueError:
                 return None
-        return cls(((day(split.train_start), day(split.train_end)), (day(split.test_start), day(split.test_end))))
+        return cls(((day(split.train_start), day(split.train_end)), (day(split.test_start), day(split.test_end))),
+                   timezone)
 
     @property
     def lower(self) -> Optional[pd.Timestamp]:
@@ -219,7 +225,7 @@ def window_filter(dataset, column: str, window: DateWindow):
         for bound, keeps in ((start, lambda f, s: f >= s), (None if end is None else end + ONE_DAY, lambda f, s: f < s)):
             if bound is None:
                 continue
-            scalar = pa.scalar(bound.date() if pa.types.is_date(kind) else bound.to_pydatetime(), type=kind)
+            scalar = pa.scalar(column_bound(bound, kind, window.timezone), type=kind)
             term = keeps(field, scalar)
             part = term if part is None else part & term
         if part is None:
@@ -228,12 +234,25 @@ def window_filter(dataset, column: str, window: DateWindow):
     return keep
 
 
-def first_date(dataset, column: str) -> Optional[pd.Timestamp]:
-    """The earliest value of the date column over the whole dataset (only that column is read)."""
+def column_bound(day: pd.Timestamp, kind, timezone: Optional[str]):
+    """A local midnight ``day`` as a bound of a column of pyarrow type ``kind``: a date; for timestamps with a
+    zone (pyarrow reads a naive bound as UTC) its UTC time under data.timezone; naive timestamps hold local
+    times (or, without data.timezone, the table's own), compared as they are."""
+    import pyarrow as pa
+
+    if pa.types.is_date(kind):
+        return day.date()
+    zoned = kind.tz is not None
+    return (table_time(pd.DatetimeIndex([day]), timezone)[0] if zoned else day).to_pydatetime()
+
+
+def first_date(dataset, column: str, timezone: Optional[str] = None) -> Optional[pd.Timestamp]:
+    """The earliest value of the date column over the whole dataset (only that column is read), as the
+    table holds it (`tamrun.data.dates.instant`)."""
     import pyarrow.compute as pc
 
     smallest = pc.min(dataset.to_table(columns=[column]).column(column)).as_py()
-    return None if smallest is None else naive_utc(pd.Series([pd.Timestamp(smallest)])).iloc[0]
+    return instant(smallest, timezone)
 
 
 def naive_utc(dates: pd.Series) -> pd.Series:
@@ -241,6 +260,21 @@ def naive_utc(dates: pd.Series) -> pd.Series:
     `tamrun.data.dates`); others as they are, as datetime64."""
     dates = pd.to_datetime(dates)
     return dates.dt.tz_convert("UTC").dt.tz_localize(None) if dates.dt.tz is not None else dates
+
+
+def table_dates(frame: pd.DataFrame, column: str, cfg: DataConfig) -> pd.Series:
+    """A column of timestamps or dates as the table holds it: a zone's converted to naive UTC; naive ones,
+    under data.timezone, local times converted to UTC (`tamrun.data.dates.LocalClock`, rows counted in the
+    order read)."""
+    raw = pd.to_datetime(frame[column])
+    dates = naive_utc(raw)
+    clock = LocalClock.of(cfg)
+    if raw.dt.tz is not None:
+        warn_utc_calendar(cfg)
+    if clock is None or raw.dt.tz is not None:
+        return dates
+    return clock.utc(dates, np.ones(len(dates), dtype=bool), frame, column, frame[column],
+                     lambda row: f"row {row} of the Parquet data (counted from 0, in the order read)")
 
 
 def without_blank_dates(frame: pd.DataFrame, column: str, cfg: DataConfig) -> pd.DataFrame:
@@ -263,8 +297,6 @@ def read_parquet(path: Path, usecols: Optional[List[str]], cfg: DataConfig, wind
     """The rows of ``window`` (all without one) and the ``usecols`` columns (all: None) of the Parquet data
     at ``path``, the date column as naive timestamps (text dates parsed as a CSV's), and what was read.
     ``chunk``: only its groups' rows (a filter on data.group pushed down beside the dates')."""
-    from tamrun.data.dates import FileDates
-
     dataset = parquet_dataset(path)
     column = cfg.date_column
     pushed = window is not None and temporal(dataset, column)
@@ -275,10 +307,11 @@ def read_parquet(path: Path, usecols: Optional[List[str]], cfg: DataConfig, wind
         table = dataset.to_table(columns=usecols, filter=keep)
         frame = decoded(table).to_pandas()
     if temporal(dataset, column):
-        frame = without_blank_dates(frame, column, cfg)
-        frame[column] = naive_utc(frame[column])
+        frame = without_blank_dates(frame, column, cfg).reset_index(drop=True)
+        frame[column] = table_dates(frame, column, cfg)
         with arrow_errors(path):
-            origin = first_date(dataset, column) if pushed and window.lower is not None and chunk is None else None
+            origin = first_date(dataset, column, cfg.timezone) if pushed and window.lower is not None and chunk is None \
+                else None
     else:
         frame, dropped = FileDates(cfg).parse(frame)
         if dropped:

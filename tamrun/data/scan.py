@@ -12,9 +12,9 @@ import pandas as pd
 
 from tamrun.config.schema import DataConfig
 from tamrun.data.chunks import TableScan
-from tamrun.data.dates import FileDates
+from tamrun.data.dates import FileDates, instant
 from tamrun.data.load import READ_ERRORS, csv_options, unreadable
-from tamrun.data.parquet import DateWindow, arrow_errors, decoded, naive_utc, parquet_dataset, temporal, window_filter
+from tamrun.data.parquet import DateWindow, arrow_errors, decoded, parquet_dataset, temporal, window_filter
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def scan_parquet(path: Path, cfg: DataConfig, window: Optional[DateWindow]):
         smallest = [pc.min(batch.column(0)).as_py() for batch in
                     dataset.to_batches(columns=[cfg.date_column], batch_size=SCAN_BATCH_ROWS)]
         least = min((value for value in smallest if value is not None), default=None)
-        origin = None if least is None else naive_utc(pd.Series([pd.Timestamp(least)])).iloc[0]
+        origin = instant(least, cfg.timezone)
     totals = totals.sort_index()
     return totals.index.tolist(), totals.to_numpy(dtype=np.int64), origin
 

@@ -1,4 +1,5 @@
-"""Split a table by calendar dates (inclusive days)."""
+"""Split a table by calendar dates (inclusive days): local days under data.timezone (their midnights
+converted to the table's UTC, `tamrun.data.dates.table_time`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Optional, Tuple
 import pandas as pd
 
 from tamrun.config.schema import SplitConfig
+from tamrun.data.dates import table_time
 from tamrun.errors import ConfigError, DataError
 
 
@@ -19,17 +21,20 @@ def _day(value: Optional[str], field: str) -> Optional[pd.Timestamp]:
         raise ConfigError(field, value, "not a date", f"write {field} as YYYY-MM-DD") from None
 
 
-def _between(dates: pd.Series, start: Optional[pd.Timestamp], end: Optional[pd.Timestamp]) -> pd.Series:
+def _between(dates: pd.Series, start: Optional[pd.Timestamp], end: Optional[pd.Timestamp],
+             timezone: Optional[str] = None) -> pd.Series:
     keep = pd.Series(True, index=dates.index)
     if start is not None:
-        keep &= dates >= start
+        keep &= dates >= table_time(pd.DatetimeIndex([start]), timezone)[0]
     if end is not None:
-        keep &= dates < end + pd.Timedelta(days=1)
+        keep &= dates < table_time(pd.DatetimeIndex([end + pd.Timedelta(days=1)]), timezone)[0]
     return keep
 
 
-def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tuple[pd.DataFrame, pd.DataFrame]:
-    """Return (train, test): train_start <= day <= train_end, test_start <= day <= test_end.
+def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str,
+                  timezone: Optional[str] = None) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Return (train, test): train_start <= day <= train_end, test_start <= day <= test_end (local days of
+    ``timezone``, data.timezone, when set).
 
     Raises:
         ConfigError: a bound is not a date, a period ends before it starts, or the test period starts
@@ -47,8 +52,8 @@ def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tu
         raise ConfigError("split.test_start", cfg.test_start, f"the test period overlaps training (train_end={cfg.train_end})",
                           "start the test period after split.train_end")
     dates = frame[date_column]
-    train = frame[_between(dates, train_start, train_end)]
-    test = frame[_between(dates, test_start, test_end)]
+    train = frame[_between(dates, train_start, train_end, timezone)]
+    test = frame[_between(dates, test_start, test_end, timezone)]
     span = f"the data covers {dates.min():%Y-%m-%d} to {dates.max():%Y-%m-%d}"
     if train.empty:
         raise DataError("split.train_end", cfg.train_end, f"the training split has no rows ({span})",
@@ -59,7 +64,8 @@ def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tu
     return train, test
 
 
-def carve_validation(train: pd.DataFrame, cfg: SplitConfig, date_column: str) -> Tuple[pd.DataFrame, Optional[pd.DataFrame]]:
+def carve_validation(train: pd.DataFrame, cfg: SplitConfig, date_column: str,
+                     timezone: Optional[str] = None) -> Tuple[pd.DataFrame, Optional[pd.DataFrame]]:
     """Return (fit rows, validation rows) of the training split: validation_start <= day <=
     validation_end (default train_end) is held out; (train, None) without a validation split.
 
@@ -77,7 +83,7 @@ def carve_validation(train: pd.DataFrame, cfg: SplitConfig, date_column: str) ->
                           f"the validation period must lie inside training (train_end={cfg.train_end}) and end "
                           f"after validation_start={cfg.validation_start}",
                           "set split.validation_end between split.validation_start and split.train_end, or null")
-    held = _between(train[date_column], start, end)
+    held = _between(train[date_column], start, end, timezone)
     fit, validation = train[~held], train[held]
     if validation.empty or fit.empty:
         which = "validation" if validation.empty else "remaining training"

@@ -1,6 +1,7 @@
 """Fourier effect with a Sobolev penalty.
 
-phi(z) = [cos(k pi z / c) for k = 1..m, sin(k pi z / c) for k = 1..m]  (D = 2m), c = 1 if cyclic else 2
+phi(z) = [cos(k pi z / c) for k = 1..m, sin(k pi z / c) for k = 1..m]  (D = 2m), c = 1 if cyclic else 2,
+z the column scaled to [-1, 1] over its training range; with a period P: z = x, the raw value, and c = P / 2
 P = lambda * diag(w, w), w_k = 1 + k^(2s)
 """
 
@@ -31,6 +32,8 @@ class FourierEffect(ColumnEffect):
         super().__init__(name, spec.column, spec.ap)
         self.m, self.s = spec.m, spec.s
         self.period_factor = 1.0 if spec.cyclic else 2.0
+        if spec.period is not None:  # a fixed period in the column's units: the raw value, not its range
+            self.period_factor, self.scaled_input = spec.period / 2.0, False
 
     @property
     def width(self) -> int:

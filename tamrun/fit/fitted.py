@@ -72,7 +72,7 @@ def prediction_batch(design: AdditiveDesign, groups: list, recipe: DataRecipe, d
     """Rows of ``frame`` (derived columns added if absent) as a batch of the fitted ``groups``; a
     categorical level or a group unseen in training raises `DataError`. A missing target is read as 0
     (it is not used to predict)."""
-    frame = recipe.apply(frame)
+    frame = recipe.apply(frame, design.columns)
     if recipe.target not in frame.columns:
         frame = frame.assign(**{recipe.target: 0.0})
     levels = {effect.column for effect in design.effects if isinstance(effect, CategoricalEffect)}

@@ -22,7 +22,6 @@ import pandas as pd
 import torch
 
 from tamrun.data.checks import plain
-from tamrun.data.dates import read_dates
 from tamrun.effects.categorical import CategoricalEffect
 from tamrun.errors import DataError, NumericalError
 from tamrun.fit.fitted import FittedModel, numbers_read
@@ -98,7 +97,7 @@ def refuse_bad_dates(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
     column = recipe.date_column
     if column not in model.raw_columns(frame.columns):
         return frame
-    dates = read_dates(frame[column], recipe.date_format, recipe.dayfirst)
+    dates = recipe.dates(frame)
     bad = dates.isna().to_numpy()
     if bad.any():
         how = f"data.date_format={recipe.date_format!r}" if recipe.date_format else "one format for all of them"
@@ -188,7 +187,7 @@ def check_inputs(model: FittedModel, frame: pd.DataFrame) -> None:
     refuse_duplicated(frame)
     refuse_absent_or_missing(model, frame)
     refuse_complex(model, frame)
-    rows = model.recipe.apply(refuse_bad_dates(model, frame))
+    rows = model.recipe.apply(refuse_bad_dates(model, frame), model.input_columns)
     codes = group_codes(model, rows)
     refuse_unseen_levels(model, rows)
     refuse_outside(model, rows, codes)

@@ -43,9 +43,26 @@ def batch_bands(config: Config, batch: GroupedBatch, predicted: torch.Tensor) ->
     levels = list(config.intervals.levels)
     if not levels:
         return None
+    residuals, codes = batch_residuals(batch, predicted)
+    return calibrate(residuals, codes, len(batch.groups), levels, config.intervals.min_group_rows)
+
+
+def batch_residuals(batch: GroupedBatch, predicted: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
+    """(residuals ``y - f``, group index) (n,) of ``batch``'s real rows (``predicted``: (G, N))."""
     real = batch.row_index >= 0
-    residuals = batch.y.cpu().numpy()[real] - predicted.cpu().numpy()[real]
-    return calibrate(residuals, row_groups(batch), len(batch.groups), levels, config.intervals.min_group_rows)
+    return batch.y.cpu().numpy()[real] - predicted.cpu().numpy()[real], row_groups(batch)
+
+
+def residual_bands(config: Config, residuals: np.ndarray, labels: np.ndarray, groups: list) -> Optional[GroupBands]:
+    """Fixed bands of a model whose groups are ``groups`` (in its order), calibrated on ``residuals`` (n,) of
+    the groups ``labels`` (n,) (another fit's held-out rows: `tamrun.jobs.refit`); a group without rows there
+    takes every row's quantiles. None without intervals.levels."""
+    levels = list(config.intervals.levels)
+    if not levels:
+        return None
+    codes = pd.Index(groups).get_indexer(labels)
+    known = codes >= 0  # every held-out group is the model's (its rows are among the model's)
+    return calibrate(residuals[known], codes[known], len(groups), levels, config.intervals.min_group_rows)
 
 
 def naive_bands(config: Config, static: Fit) -> Optional[GroupBands]:

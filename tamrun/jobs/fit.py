@@ -18,7 +18,7 @@ from tamrun.config.schema import Config, DataConfig
 from tamrun.data.batch import GroupedBatch
 from tamrun.fit.evaluate import predictions_table, require_finite, require_plausible, scored, split_scores
 from tamrun.fit.intervals import GroupBands, interval_metrics, level_label
-from tamrun.jobs.bands import batch_bands, row_groups
+from tamrun.jobs.bands import batch_bands, residual_bands, row_groups
 from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_fit
 from tamrun.jobs.result import RunResult
@@ -42,10 +42,23 @@ class ScoredSplit(NamedTuple):
     predicted: torch.Tensor
 
 
-def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
+class HeldOut(NamedTuple):
+    """A refit's validation period (split.refit, `tamrun.jobs.refit`) as the fit without it predicted it:
+    its split (the unsupported groups withheld), the bands its residuals calibrate in that fit's group order,
+    its metrics (``*_validation``), and those residuals with their groups' labels (n,)."""
+
+    split: ScoredSplit
+    bands: Optional[GroupBands]
+    metrics: Dict[str, float]
+    residuals: np.ndarray
+    labels: np.ndarray
+
+
+def fit_job(prepared: Prepared, tracked: TrackedRun, held: Optional[HeldOut] = None) -> RunResult:
     """Fit, evaluate and record one run from its preparation. The predictions table is built only when
     something uses it (the recorded CSV and plots, `RunResult.predictions`): the metrics come from the
-    predictions themselves."""
+    predictions themselves. ``held``: a refit's validation period, held out of an earlier fit: its
+    residuals calibrate the intervals, its metrics and rows are the run's validation split's."""
     config, recorder, metered = prepared.config, prepared.recorder, prepared.metered
     fit = solve_phase(prepared)
     with recorder.phase("predict", metered):
@@ -53,15 +66,17 @@ def fit_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
     with recorder.phase("evaluate"):
         evaluated = checked_metrics(config, fit, splits, whole=True)
         metrics, splits = evaluated.metrics, evaluated.splits
-        fit.model.intervals = calibration_bands(config, splits)
+        fit.model.intervals = (calibration_bands(config, splits) if held is None else
+                               residual_bands(config, held.residuals, held.labels, fit.model.groups))
         metrics.update(band_metrics(config, splits, fit.model.intervals))
+        metrics.update(held.metrics if held is not None else {})
     metrics.update(run_metrics(prepared, fit))
     tco = run_plan(prepared.classes, prepared.measured_on, metrics, fit.plan, len(fit.model.groups))
     metrics.update(tco_metrics(config, tco, metrics))
     log.info("rmse_train=%s rmse_test=%s mape_test=%s%% fit=%ss", *(significant(metrics[name]) for name in
                                                                     ("rmse_train", "rmse_test", "mape_test", "fit_seconds")))
     log.info("%s", memory_line(metrics))
-    table = functools.cache(lambda: evaluation_table(config.data, splits, fit.model.intervals))
+    table = functools.cache(lambda: evaluation_table(config.data, splits, fit.model.intervals, held))
     with recorder.phase("record"):
         record_fit(tracked, prepared, fit, table, metrics, evaluated.unsupported)
         record_tco(tracked, tco)
@@ -141,11 +156,16 @@ def predict_splits(prepared: Prepared, fit: Fit) -> List[ScoredSplit]:
     return scored_splits
 
 
-def evaluation_table(data: DataConfig, splits: List[ScoredSplit], bands: Optional[GroupBands] = None
-                     ) -> pd.DataFrame:
-    """The predictions table of every split (date, group, split, actual, predicted, the intervals)."""
-    return pd.concat([predictions_table(split.frame, split.batch, split.predicted, data.date_column, data.group,
-                                        split.name, bands) for split in splits], ignore_index=True)
+def evaluation_table(data: DataConfig, splits: List[ScoredSplit], bands: Optional[GroupBands] = None,
+                     held: Optional[HeldOut] = None) -> pd.DataFrame:
+    """The predictions table of every split (date, group, split, actual, predicted, the intervals); ``held``:
+    a refit's validation rows as the fit without them predicted them, after its training rows."""
+    tables = [predictions_table(split.frame, split.batch, split.predicted, data.date_column, data.group,
+                                split.name, bands) for split in splits]
+    if held is not None:
+        tables.insert(1, predictions_table(held.split.frame, held.split.batch, held.split.predicted, data.date_column,
+                                           data.group, held.split.name, held.bands))
+    return pd.concat(tables, ignore_index=True)
 
 
 def calibration_split(splits: List[ScoredSplit]) -> ScoredSplit:

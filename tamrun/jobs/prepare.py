@@ -100,6 +100,14 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitti
         splits = load_splits(config, specs, room, chunk)
     if data_loaded is not None:
         data_loaded()
+    return planned(config, specs, devices, splits, recorder, room, metered)
+
+
+def planned(config: Config, specs: Dict[str, Any], devices: DeviceManager, splits: Splits, recorder: PhaseRecorder,
+            room: HostRoomWatch, metered: bool, oom_log: Optional[OomLog] = None) -> Prepared:
+    """The features phase and the plan of ``splits`` (`prepare`'s, and a refit's on its training rows
+    and validation period together: `tamrun.jobs.refit`), under the run's ``recorder`` and ``oom_log``."""
+    limit = config.memory.limit_bytes
     room("building the features", "batch", frame_bytes(splits.train))
     with recorder.phase("features"):
         features = build_features(config, specs, splits.train, room)
@@ -110,5 +118,5 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitti
     # every chunk is charged to the plan's budget when a hard limit binds it (memory.limit, cgroup, rlimits)
     tracker = MemoryTracker(plan.budget if limit is not None or plan.hard_bound else None, plan.overhead)
     classes = classes_of(config, features, devices, test.x.shape[1], splits.n_scored)
-    return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker, OomLog(),
-                    metered, classes, measured_class(config, devices))
+    return Prepared(config, specs, devices, splits, features, test, plan, limit, recorder, tracker,
+                    oom_log if oom_log is not None else OomLog(), metered, classes, measured_class(config, devices))

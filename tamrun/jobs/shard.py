@@ -55,7 +55,7 @@ def shard_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager, cl
     streamed = stream_plan(config, specs, devices)
     path = table_path(config.data)
     scan = streamed.scan if streamed is not None else scan_table(path, is_parquet(path), config.data,
-                                                                 DateWindow.of(config.split))
+                                                                 DateWindow.of(config.split, config.data.timezone))
     groups = config.shard.groups_per_task or math.ceil(len(scan.groups) / (TASKS_PER_CPU * max(1, cluster_cpus)))
     if streamed is not None:
         groups = min(groups, streamed.chunk.groups)

@@ -144,7 +144,7 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
         log.warning("data: the table may not fit in the free memory, and this run cannot stream it (%s): it is "
                     "read whole", refusal)
         return None
-    scan = scan_table(path, parquet, data, DateWindow.of(config.split))
+    scan = scan_table(path, parquet, data, DateWindow.of(config.split, data.timezone))
     release_chunk()  # what the scan read
     row_bytes = table_row_bytes(config, specs, bool(scan.groups) and isinstance(scan.groups[0], str))
     largest = int(scan.rows.max()) if len(scan.rows) else 0
@@ -171,6 +171,9 @@ def require_streamable(config: Config, specs: Dict[str, Any], why: str = STREAM_
     if config.model.penalties == PenaltyMode.gcv:
         raise ConfigError("model.penalties", "gcv", why + "GCV pools its score over every group at once",
                           "set model.penalties=fixed (tune the penalties with a sweep)," + fix)
+    if config.split.refit:
+        raise ConfigError("split.refit", True, why + "a refit on the validation period is not streamed yet",
+                          "set split.refit=false," + fix)
     for name, spec in specs.items():
         kind = getattr(spec, "kind", None)
         if kind in INDEXED_KINDS:

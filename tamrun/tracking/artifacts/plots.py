@@ -20,6 +20,8 @@ PANEL_WIDTH, PANEL_HEIGHT, PANEL_MARGIN = 4.2, 3.2, 0.6
 # one per pixel column of the forecast's 12-inch figure at matplotlib's 100 dpi. Drawing the national
 # test year's 17,520 points twice took 0.5 s of the recording; 4 points per column draw the same pixels.
 LINE_SLICES = 1200
+# plots/intervals.png: a panel for each of the first this many groups, each this tall (inches).
+INTERVAL_PANELS, INTERVAL_PANEL_HEIGHT = 4, 2.2
 # Whiskers of the residual boxes: the furthest residuals within this many interquartile ranges of the box.
 WHISKER_IQR = 1.5
 
@@ -102,40 +104,62 @@ def draw_bands(axis, rows: pd.DataFrame) -> None:
                           alpha=BAND_ALPHA[min(index, len(BAND_ALPHA) - 1)], label=f"{label} % interval")
 
 
-def interval_figure(rows: pd.DataFrame, forecast: str, zoom_days: int = 7, title: str = "", unit: str = ""):
-    """The intervals of a forecast (``rows``: date, group, actual, ``forecast``, lower_<p>, upper_<p>): top,
-    its first ``zoom_days`` days shaded (`draw_bands`); bottom, each level's coverage per calendar month
-    against its nominal level (dashed). Returns a matplotlib Figure."""
+def interval_groups(rows: pd.DataFrame, most: int = INTERVAL_PANELS) -> tuple:
+    """(the groups `interval_figure` draws: the first ``most`` of ``rows`` in their order, the number left out);
+    rows without a ``group`` column are one group, None."""
+    if "group" not in rows.columns:
+        return [None], 0
+    groups = list(pd.unique(rows["group"]))
+    return groups[:most], max(0, len(groups) - most)
+
+
+def interval_figure(rows: pd.DataFrame, forecast: str, zoom_days: int = 7, title: str = "", unit: str = "",
+                    most: int = INTERVAL_PANELS):
+    """The intervals of a forecast (``rows``: date, group, actual, ``forecast``, lower_<p>, upper_<p>): one
+    panel per group for the first ``most`` groups (`interval_groups`; each titled with its group), its first
+    ``zoom_days`` days shaded (`draw_bands`) under its actual and forecast lines, each sorted by date; last,
+    each level's coverage per calendar month over every group against its nominal level (dashed). The
+    title says how many groups are left out. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
 
     rows = rows.sort_values("date", kind="stable")
-    dates = pd.to_datetime(rows["date"])
-    figure = Figure(figsize=(12, 6.5))
-    _fixed_margins(figure)
-    zoom, months = figure.subplots(2, 1)
-    first = rows[dates < dates.min() + pd.Timedelta(days=zoom_days)]
-    draw_bands(zoom, first)
-    zoom.plot(pd.to_datetime(first["date"]), first["actual"].to_numpy(dtype=float), lw=0.6, color="black", label="actual")
-    zoom.plot(pd.to_datetime(first["date"]), first[forecast].to_numpy(dtype=float), lw=0.6, color="tab:orange",
-              label=forecast)
-    zoom.set_ylabel(_label("target", unit))
-    zoom.set_title(title or f"The first {zoom_days} days and their intervals")
-    zoom.legend(loc="upper right")
-    month = dates.dt.to_period("M")
+    shown, left_out = interval_groups(rows, most)
+    figure = Figure(figsize=(12, INTERVAL_PANEL_HEIGHT * (len(shown) + 1) + 0.6))
+    _fixed_margins(figure, top=0.8, hspace=0.55)
+    *panels, months = figure.subplots(len(shown) + 1, 1, squeeze=False)[:, 0]
+    start = pd.to_datetime(rows["date"]).min()
+    for axis, group in zip(panels, shown):
+        mine = rows if group is None else rows[rows["group"] == group]
+        first = mine[pd.to_datetime(mine["date"]) < start + pd.Timedelta(days=zoom_days)]
+        draw_bands(axis, first)
+        dates = pd.to_datetime(first["date"])
+        axis.plot(dates, first["actual"].to_numpy(dtype=float), lw=0.6, color="black", label="actual")
+        axis.plot(dates, first[forecast].to_numpy(dtype=float), lw=0.6, color="tab:orange", label=forecast)
+        axis.set_ylabel(_label("target", unit))
+        axis.set_title("every row" if group is None else f"group {group}", fontsize=10)
+        axis.legend(loc="upper right", fontsize=8)
+        axis.grid(alpha=0.3)
+    more = f" ({left_out} more group(s) not drawn)" if left_out else ""
+    figure.suptitle(title or f"The first {zoom_days} days and their intervals{more}")
+    _monthly_coverage(months, rows)
+    return figure
+
+
+def _monthly_coverage(axis, rows: pd.DataFrame) -> None:
+    """Each level's coverage of ``rows`` (every group) per calendar month, its nominal level dashed."""
+    month = pd.to_datetime(rows["date"]).dt.to_period("M")
     for low in (c for c in rows.columns if c.startswith("lower_")):
         label = low[len("lower_"):]
         inside = (rows["actual"] >= rows[low]) & (rows["actual"] <= rows[f"upper_{label}"])
         monthly = 100.0 * inside.groupby(month).mean()
-        line, = months.plot(monthly.index.to_timestamp(), monthly.to_numpy(), marker="o", lw=0.8,
-                            label=f"{label} % interval")
-        months.axhline(float(label), color=line.get_color(), ls="--", lw=0.8)
-    months.set_ylabel("coverage per month (%)")
-    months.set_xlabel("month")
-    months.grid(alpha=0.3)
-    months.legend(loc="lower right")
-    for axis in (zoom, months):
-        axis.grid(alpha=0.3)
-    return figure
+        line, = axis.plot(monthly.index.to_timestamp(), monthly.to_numpy(), marker="o", lw=0.8,
+                          label=f"{label} % interval")
+        axis.axhline(float(label), color=line.get_color(), ls="--", lw=0.8)
+    axis.set_title("coverage per month, every group", fontsize=10)
+    axis.set_ylabel("coverage per month (%)")
+    axis.set_xlabel("month")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right")
 
 
 def residual_period(dates: Sequence) -> str:
