@@ -76,7 +76,7 @@ def plain_forecast(compose_cfg, path: Path, extra: List[str], train_start, train
 
 CASES = {  # settings, the effects added to MODEL, each window's first training day (None: the first row)
     "expanding": ([], RAMP, lambda cutoff: None),
-    "sliding": (["backtest.refit=sliding", "backtest.length=120D"], RAMP,
+    "sliding": (["backtest.refit=sliding", "backtest.length=120D"], [*RAMP, "data.timezone=Europe/Paris"],
                 lambda cutoff: f"{pd.Timestamp(cutoff) - pd.Timedelta(days=120):%Y-%m-%d}"),
     "once": (["backtest.refit=once"], [], lambda cutoff: None),
     "forest": ([], FOREST, lambda cutoff: None),
@@ -86,7 +86,8 @@ CASES = {  # settings, the effects added to MODEL, each window's first training 
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_window_equals_a_plain_run_up_to_its_cutoff(compose_cfg, sites_csv, case):
     """3 weekly windows (horizon 10 days: they overlap); window k's forecasts against a plain run's with
-    split.train_end the day before its cut-off (refit=once: the first cut-off's) and its horizon as test."""
+    split.train_end the day before its cut-off (refit=once: the first cut-off's) and its horizon as test
+    (sliding: in local days of data.timezone, the splits' and the cut-offs' alike)."""
     settings, extra, train_start = CASES[case]
     cfg = compose_cfg(*data(sites_csv), *MODEL, *extra, *settings, "mode=backtest", f"split.test_start={TEST_START}",
                       "backtest.windows=3", "backtest.step=7D", "backtest.horizon=10D")
