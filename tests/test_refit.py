@@ -198,3 +198,33 @@ def test_the_intervals_plot_draws_the_first_groups_of_many():
     figure = interval_figure(rows.sort_values("date", kind="stable"), "predicted")
     assert [axis.get_title() for axis in figure.axes[:-1]] == [f"group site_{i}" for i in range(1, INTERVAL_PANELS + 1)]
     assert f"({6 - INTERVAL_PANELS} more group(s) not drawn)" in figure.get_suptitle()
+
+
+def test_a_backtest_sweeps_best_run_is_refitted_through_its_windows_days_and_registered(tmp_path):
+    """mode=backtest chooses; --refit trains mode=run through the last window's horizon, the windows' days held
+    out as the validation period (their residuals calibrate the intervals), and registers that run."""
+    csv = tmp_path / "sites.csv"
+    hourly_sites(sites=2, start="2021-01-01", end="2022-02-28").pipe(lambda f: f.assign(date=f["date"].map(
+        lambda t: t.isoformat()))).to_csv(csv, index=False)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    common = ("data=csv", f"data.path={csv}", "data.target=load", "data.group=site", "model=calendar",
+              "data.holidays=FR", "data.timezone=Europe/Paris", "tracking.log_plots=false", "progress=off")
+    sweep = tamrun("-m", *common, "mode=backtest", "backtest.windows=4", "split.test_start=2021-12-01",
+                   "model.effects.weekly.ap=-3,3", cwd=tmp_path, store=store)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    done = tamrun("--store", store, "--sweep", "last", "--best", "--register", NAME, "--refit", cwd=tmp_path,
+                  store=store, module="tamrun.compare")
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(store)
+    best_id = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("run_id: "))
+    best = client.get_run(best_id)
+    assert best.data.params["mode.name"] == "backtest" and best.data.params["backtest.windows"] == "4"
+    (refit,) = client.search_runs([best.info.experiment_id], f"tags.refit_of = '{best_id}'")
+    params = refit.data.params
+    # 4 weekly windows from 2021-12-01: the last horizon ends on 2021-12-28 (inclusive)
+    assert (params["mode.name"], params["split.validation_start"], params["split.train_end"],
+            params["split.test_start"]) == ("run", "2021-12-01", "2021-12-28", "2021-12-29")
+    assert params["model.effects.weekly.ap"] == best.data.params["model.effects.weekly.ap"]
+    assert refit.info.status == "FINISHED" and np.isfinite(refit.data.metrics["rmse_test"])
+    (version,) = client.search_model_versions(f"name = '{NAME}'")
+    assert version.run_id == refit.info.run_id

@@ -7,9 +7,11 @@
     run's but for split.refit and where it is recorded (tracking.*) -> its model registered (not the best's)
 
 The refit (`tamrun.jobs.refit`) is trained through the end of the validation period the best run was
-chosen on, its intervals calibrated on that period's held-out residuals. The best run's relative paths
+chosen on, its intervals calibrated on that period's held-out residuals. A mode=backtest best run is
+refitted as a mode=run whose validation period is the days its windows scored (`backtest_period`): trained
+through their last day, its intervals calibrated on that period's residuals forecast from its first cut-off. The best run's relative paths
 (its data file) lead from this folder, as they did from the one it ran in. Refused with one line, before
-anything is registered: a best run of another mode than run or without a validation period, one whose
+anything is registered: a best run of another mode than run or backtest, or without a validation period, one whose
 overrides were logged with a secret masked, a config that no longer runs (its data file gone: the refit's
 own error line quoted) or no longer composes to the best run's (a preset changed since).
 """
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+import pandas as pd
+
 from tamrun.errors import ConfigError
 from tamrun.redact import MASK
 
@@ -31,20 +35,44 @@ REFIT_TAG = "refit_of"
 OVERRIDES_ARTIFACT, RESOLVED_ARTIFACT = "config/overrides.txt", "config/resolved.yaml"
 # Where and how a run is recorded: set by the refit's own command line, dropped from the best run's.
 RECORDING = ("tracking", "progress", "split.refit")
+# A backtest's best run is refitted as mode=run on the days its windows scored (`backtest_period`).
+REPLANNED = ("mode", "split.validation_start", "split.validation_end", "split.train_end", "split.test_start",
+             "split.test_end")
 URI_ENV, EXPERIMENT_ENV, EXPERIMENT_ID_ENV = "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"
 
 
 def check_refittable(best: Any) -> None:
-    """Refuse a best run that ``split.refit`` cannot refit: another mode than run, no validation period."""
+    """Refuse a best run that ``split.refit`` cannot refit: another mode than run or backtest, no
+    validation period (a backtest's days are its held-out period)."""
     params = best.run.data.params
     mode = params.get("mode.name", "run")
+    if mode == "backtest":
+        return
     if mode != "run":
-        raise ConfigError("--refit", best.name, f"the best run is mode={mode}: only a mode=run run is refitted on "
-                          "its validation period", "register it without --refit")
+        raise ConfigError("--refit", best.name, f"the best run is mode={mode}: only a mode=run run (on its validation "
+                          "period) or a mode=backtest run (on its windows' days) is refitted", "register it without --refit")
     if params.get("split.validation_start", "null") == "null":
         raise ConfigError("--refit", best.name, "the best run has no validation period (split.validation_start): "
                           "it was fitted on every training row already, there is nothing to refit",
                           "register it without --refit, or choose among runs with a validation period")
+
+
+def backtest_period(best: Any) -> List[str]:
+    """A backtest's best run refitted as mode=run: the days its windows scored (split.test_start to the last
+    horizon's end) held out as the validation period, whose residuals calibrate the intervals, then the
+    training through their last day; the test period the days after it (the data must have some)."""
+    from tamrun.config.offsets import cutoff_days, horizon_ends
+    from tamrun.config.schema import BacktestConfig
+
+    params = best.run.data.params
+    settings = BacktestConfig(windows=int(params.get("backtest.windows", BacktestConfig.windows)),
+                              horizon=params.get("backtest.horizon", BacktestConfig.horizon),
+                              step=params.get("backtest.step", BacktestConfig.step))
+    first = params["split.test_start"]
+    last = horizon_ends(cutoff_days(first, settings), settings).max() - pd.Timedelta(days=1)
+    return ["mode=run", f"split.validation_start={first}", f"split.validation_end={last:%Y-%m-%d}",
+            f"split.train_end={last:%Y-%m-%d}", f"split.test_start={last + pd.Timedelta(days=1):%Y-%m-%d}",
+            "split.test_end=null"]
 
 
 def overridden_key(override: str) -> str:
@@ -54,12 +82,13 @@ def overridden_key(override: str) -> str:
 
 
 def rerun_overrides(client: Any, best: Any, folder: Path) -> List[str]:
-    """The best run's overrides as its command line gave them, without those of `RECORDING`."""
+    """The best run's overrides as its command line gave them, without those of `RECORDING` (and of a
+    backtest's `REPLANNED`, set again by `backtest_period`)."""
     path = download(client, best, OVERRIDES_ARTIFACT, folder)
-    kept = []
+    kept, dropped = [], replaced(best)
     for line in path.read_text(encoding="utf-8").splitlines():
         key = overridden_key(line)
-        if not line.strip() or any(key == own or key.startswith(own + ".") for own in RECORDING):
+        if not line.strip() or any(key == own or key.startswith(own + ".") for own in dropped):
             continue
         if line.startswith("-") or key.startswith("hydra"):  # a run's overrides set neither Hydra's flags nor its own settings
             raise ConfigError("--refit", best.name, f"the best run's {OVERRIDES_ARTIFACT} holds {line!r}, which no "
@@ -70,7 +99,16 @@ def rerun_overrides(client: Any, best: Any, folder: Path) -> List[str]:
                               "masked: it cannot be run again from the store", "run its config again by hand with "
                               "split.refit=true (secrets in environment variables), and register that run")
         kept.append(line)
-    return kept
+    return kept + (backtest_period(best) if is_backtest(best) else [])
+
+
+def is_backtest(best: Any) -> bool:
+    return getattr(best, "run", best).data.params.get("mode.name") == "backtest"
+
+
+def replaced(best: Any) -> tuple:
+    """The settings a refit of ``best`` sets itself: `RECORDING`, and a backtest's `REPLANNED`."""
+    return RECORDING + (REPLANNED if is_backtest(best) else ())
 
 
 def download(client: Any, best: Any, artifact: str, folder: Path) -> Path:
@@ -137,7 +175,7 @@ def check_same_config(client: Any, best: Any, refit: Any, folder: Path) -> None:
         text = download(client, run, RESOLVED_ARTIFACT, folder / where).read_text(encoding="utf-8")
         flat = flatten(yaml.safe_load(text) or {})
         return {key: value for key, value in flat.items()
-                if not any(key == own or key.startswith(own + ".") for own in RECORDING)}
+                if not any(key == own or key.startswith(own + ".") for own in replaced(best))}
 
     before, after = settings(best, "best"), settings(refit, "refit")
     differ = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))

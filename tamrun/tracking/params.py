@@ -7,7 +7,8 @@ only (`experiment_params`):
   the command line or by a preset (``model/*.yaml``, ``data/*.yaml``, an experiment);
 - the settings every comparison needs (`ALWAYS`: the model, the data, the mode, the solver, the
   dtype, the device asked for and the split's dates), even at their defaults;
-- the active mode's own section whole (``adaptive.*`` in ``mode=adaptive``), nothing of the other
+- the active mode's own section whole (``adaptive.*`` in ``mode=adaptive``, ``backtest.*`` in
+  ``mode=backtest``), nothing of the other
   modes' (``adaptive.*`` in ``mode=run``), and of ``adaptive.*`` the active method's settings only
   (``adaptive.kalman.*`` with ``adaptive.method=kalman``, the window settings with ``sliding``);
 - nothing about where and how the run is recorded (`NEVER`: ``tracking.*``, ``progress``), nor the
@@ -30,7 +31,7 @@ ALWAYS = ("model.name", "data.name", "data.target", "data.group", "mode.name", "
 # Never logged as params: where and how the run is recorded, not what it computes.
 NEVER = ("tracking.", "progress", "hydra.", "tco.")
 # Config sections of one mode only (mode name -> key prefix).
-MODE_SECTIONS = {"adaptive": "adaptive."}
+MODE_SECTIONS = {"adaptive": "adaptive.", "backtest": "backtest."}
 # Settings of one adaptive method only (adaptive.method -> key prefixes): the other method's are left out.
 ADAPTIVE_METHODS = {
     "sliding": ("adaptive.window", "adaptive.step", "adaptive.horizon", "adaptive.refresh",
