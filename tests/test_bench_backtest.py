@@ -59,15 +59,18 @@ def test_the_table_gives_each_backtest_its_ratio_to_the_one_fit_with_the_same_ef
         {"run": "backtest", "condition": "idle", "status": "ok", "wall_seconds": 40.0, "window_rmse": [1.0] * 52,
          "rmse_mean_of_windows": 1.5, "rmse_pooled": 1.6},
         {"run": "one fit", "condition": "idle", "status": "ok", "wall_seconds": 10.0, "rmse_test": 1.7},
+        {"run": "backtest", "condition": "idle", "status": "ok", "wall_seconds": 20.0, "window_rmse": [1.0] * 52,
+         "rmse_mean_of_windows": 1.5, "rmse_pooled": 1.6},
+        {"run": "one fit", "condition": "idle", "status": "ok", "wall_seconds": 12.0, "rmse_test": 1.7},
         {"run": "backtest", "condition": "loaded", "status": "error", "error": "exit 2"},
         {"run": STATSFORECAST, "condition": "loaded", "status": "ok", "wall_seconds": 600.0,
          "cross_validation_seconds": 590.0, "window_rmse": [2.0] * 52, "rmse_mean_of_windows": 2.5, "rmse_pooled": 2.6}]
     lines = table(records, busy=2)
-    assert lines[0].startswith("| condition | run | status | wall s | / one fit |")
-    assert lines[2] == "| idle | backtest | ok | 40.0 | 4.00 | – | 52 | 1.500 | 1.600 | – |"
-    assert lines[3] == "| idle | one fit | ok | 10.0 | – | – | – | – | – | 1.700 |"
-    assert lines[4] == "| beside 2 busy | backtest | error | – | – | – | – | – | – | – |"
-    assert lines[5] == f"| beside 2 busy | {STATSFORECAST} | ok | 600.0 | – | 590.0 | 52 | 2.500 | 2.600 | – |"
+    assert lines[0].startswith("| condition | run | ok | wall s (median) | / one fit | runs: wall s |")
+    assert lines[2] == "| idle | backtest | 2/2 | 30.0 | 2.73 | 40.0, 20.0 | – | 52 | 1.500 | 1.600 | – |"
+    assert lines[3] == "| idle | one fit | 2/2 | 11.0 | – | 10.0, 12.0 | – | – | – | – | 1.700 |"
+    assert lines[4] == "| beside 2 busy | backtest | 0/1 | – | – | – | – | – | – | – | – |"
+    assert lines[5] == f"| beside 2 busy | {STATSFORECAST} | 1/1 | 600.0 | – | 600.0 | 590.0 | 52 | 2.500 | 2.600 | – |"
 
 
 def test_an_unknown_run_is_refused_before_anything_runs(capsys):

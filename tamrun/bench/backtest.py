@@ -36,6 +36,7 @@ import datetime as dt
 import json
 import logging
 import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -63,6 +64,7 @@ def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated tamrun runs (VARIANTS)")
     parser.add_argument("--conditions", default="idle,loaded", help="idle, loaded (beside --busy processes)")
     parser.add_argument("--busy", type=int, default=2, help="busy processes beside the loaded runs")
+    parser.add_argument("-r", "--repeats", type=int, default=3, help="tamrun's runs per condition (statsforecast: one)")
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--start", default="2021-01-01")
     parser.add_argument("--end", default="2023-12-31")
@@ -165,7 +167,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> List[dict]:
     for condition in args.conditions.split(","):
         with busy_processes(args.busy if condition == "loaded" else 0):
             runs = [(v, lambda v=v: tamrun_record(csv, v, args, workdir, rows))
-                    for v in args.variants.split(",") if "tamrun" in sides]
+                    for _ in range(args.repeats) for v in args.variants.split(",") if "tamrun" in sides]
             if "statsforecast" in sides and args.statsforecast_python:
                 runs.append((STATSFORECAST, lambda: statsforecast_record(csv, args, end_utc)))
             for name, run in runs:
@@ -180,20 +182,26 @@ def cell(value: Optional[float], digits: int = 2) -> str:
 
 
 def table(records: List[dict], busy: int) -> List[str]:
-    """The markdown table: per condition and run, the wall time, the ratio to tamrun's one fit (the same
-    temperature choice), statsforecast's cross-validation alone, and the RMSEs."""
-    lines = ["| condition | run | status | wall s | / one fit | cross_validation s | windows | RMSE mean of windows | "
-             "RMSE pooled | RMSE one fit (test) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    walls = {(r["condition"], r["run"]): r.get("wall_seconds") for r in records if r.get("status") == "ok"}
-    for r in records:
-        one_fit = walls.get((r["condition"], r["run"].replace("backtest", "one fit")))
-        ratio = r.get("wall_seconds") / one_fit if "backtest" in r["run"] and one_fit and r.get("wall_seconds") else None
-        windows = len(r.get("window_rmse") or [])
-        condition = r["condition"] if r["condition"] == "idle" else f"beside {busy} busy"
-        lines.append(f"| {condition} | {r['run']} | {r['status']} | {cell(r.get('wall_seconds'), 1)} | {cell(ratio)} | "
-                     f"{cell(r.get('cross_validation_seconds'), 1)} | {windows or '–'} | "
-                     f"{cell(r.get('rmse_mean_of_windows'), 3)} | {cell(r.get('rmse_pooled'), 3)} | "
-                     f"{cell(r.get('rmse_test') if 'one fit' in r['run'] else None, 3)} |")
+    """The markdown table: per condition and run, the median wall time of its repeats (and each), the ratio
+    of a backtest's to the one fit's with the same effects, statsforecast's cross-validation alone, the RMSEs."""
+    lines = ["| condition | run | ok | wall s (median) | / one fit | runs: wall s | cross_validation s | windows | "
+             "RMSE mean of windows | RMSE pooled | RMSE one fit (test) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: Dict[tuple, List[dict]] = {}
+    for record in records:
+        groups.setdefault((record["condition"], record["run"]), []).append(record)
+    walls = {key: [r["wall_seconds"] for r in runs if r.get("status") == "ok"] for key, runs in groups.items()}
+    median = {key: statistics.median(values) if values else None for key, values in walls.items()}
+    for (condition, run), runs in groups.items():
+        ok = [r for r in runs if r.get("status") == "ok"]
+        last = ok[-1] if ok else {}
+        one_fit = median.get((condition, run.replace("backtest", "one fit"))) if "backtest" in run else None
+        ratio = median[condition, run] / one_fit if one_fit and median[condition, run] else None
+        where = condition if condition == "idle" else f"beside {busy} busy"
+        lines.append(f"| {where} | {run} | {len(ok)}/{len(runs)} | {cell(median[condition, run], 1)} | {cell(ratio)} | "
+                     f"{', '.join(f'{w:.1f}' for w in walls[condition, run]) or '–'} | "
+                     f"{cell(last.get('cross_validation_seconds'), 1)} | {len(last.get('window_rmse') or []) or '–'} | "
+                     f"{cell(last.get('rmse_mean_of_windows'), 3)} | {cell(last.get('rmse_pooled'), 3)} | "
+                     f"{cell(last.get('rmse_test') if 'one fit' in run else None, 3)} |")
     return lines
 
 
