@@ -194,7 +194,7 @@ def test_help_lists_the_groups_the_experiment_and_the_launchers(tmp_path):
     assert done.returncode == 0, done.stderr
     for line in ("experiment: day_ahead, day_ahead_aggregate, day_ahead_aggregate_pool, tune_penalties",
                  "mode: adaptive, aggregate, backtest, plan, run",
-                 "model: custom, forest, forest_big, forest_fourier, fourier, fourier_holidays, fourier_lags, spline, "
+                 "model: calendar, custom, forest, forest_big, forest_fourier, fourier, fourier_holidays, fourier_lags, spline, "
                  "spline_holidays, spline_lags",
                  "hydra/launcher=parallel|slurm|ray_cluster|submitit_local", "docs/sweeps.md"):
         assert line in done.stdout, done.stdout[:2000]
