@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from tamrun.adaptive.backtest_fit import BacktestFit, fit_backtest
+from tamrun.adaptive.fit import solver_and_phase_metrics
 from tamrun.adaptive.backtest_windows import BacktestSchedule, build_backtest, check_windows, window_designs
 from tamrun.adaptive.budget import WindowPlan, plan_windows
 from tamrun.adaptive.plots import backtest_figure
@@ -215,12 +216,7 @@ def backtest_metrics(windows: pd.DataFrame, fitted: BacktestFit, plan: WindowPla
         "tracker_peak_bytes": float(tracker.peak), "backtest_fit_seconds": seconds,
         "seconds_per_window": seconds / max(1, len(windows)), "oom_retries": float(prepared.oom_log.retries),
     }
-    if plan.plan.route == "cg":
-        metrics.update({"cg_iterations": fitted.stats.cg_iterations,
-                        "cg_unconverged_groups": fitted.stats.cg_unconverged_groups})
-    metrics.update(recorder.metrics())
-    metrics["working_peak_bytes"] = recorder.working_peak(("backtest",))  # the phase the window budget governs
-    return metrics
+    return solver_and_phase_metrics(metrics, plan.plan.route, fitted.stats, recorder, "backtest")
 
 
 def record_backtest(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, windows: pd.DataFrame,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from tamrun.adaptive.windows import WindowSchedule, gather_systems, system_desig
 from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
 from tamrun.device.manager import DeviceManager
+from tamrun.device.profiler import PhaseRecorder
 from tamrun.effects.design import AdditiveDesign
 from tamrun.fit.fitted import predict_rows
 from tamrun.memory.guard import ChunkLoop
@@ -54,6 +55,17 @@ class WindowFit:
     stats: FitStats
     windows_per_batch: int
     batch_seconds: List[float] = field(default_factory=list)
+
+
+def solver_and_phase_metrics(metrics: Dict[str, float], route: str, stats: FitStats, recorder: PhaseRecorder,
+                             phase: str) -> Dict[str, float]:
+    """``metrics`` with a window fit's CG counts (route cg), the recorder's phases and the working peak of
+    ``phase``, the phase the window budget governs."""
+    if route == "cg":
+        metrics.update({"cg_iterations": stats.cg_iterations, "cg_unconverged_groups": stats.cg_unconverged_groups})
+    metrics.update(recorder.metrics())
+    metrics["working_peak_bytes"] = recorder.working_peak((phase,))
+    return metrics
 
 
 class WindowFitter:

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from tamrun.adaptive.budget import WindowPlan, plan_windows
-from tamrun.adaptive.fit import WindowFit, WindowFitter
+from tamrun.adaptive.fit import WindowFit, WindowFitter, solver_and_phase_metrics
 from tamrun.adaptive.kalman_job import kalman_job
 from tamrun.adaptive.plots import adaptive_figure
 from tamrun.adaptive.windows import WindowSchedule, build_schedule, gather_systems, history_dates, span_rows
@@ -179,12 +179,7 @@ def _metrics(table: pd.DataFrame, fitted: WindowFit, schedule: WindowSchedule, w
         "adaptive_fit_seconds": seconds, "seconds_per_refit": seconds / schedule.n_windows,
         "static_fit_seconds": recorder.phases["static"].seconds, "oom_retries": float(oom_log.retries),
     }
-    if window_plan.plan.route == "cg":
-        metrics.update({"cg_iterations": fitted.stats.cg_iterations,
-                        "cg_unconverged_groups": fitted.stats.cg_unconverged_groups})
-    metrics.update(recorder.metrics())
-    metrics["working_peak_bytes"] = recorder.working_peak(("adaptive",))  # the phase the window budget governs
-    return metrics
+    return solver_and_phase_metrics(metrics, window_plan.plan.route, fitted.stats, recorder, "adaptive")
 
 
 def _record(tracked: TrackedRun, prepared: Prepared, table: pd.DataFrame, metrics: Dict[str, float],
