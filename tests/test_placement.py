@@ -162,6 +162,16 @@ def test_the_adaptive_modes_run_under_the_check_with_the_cpus_numbers(compose_cf
     assert comparable(checked.metrics) == comparable(plain.metrics) and "rmse_test" in comparable(plain.metrics)
 
 
+@pytest.mark.parametrize("refit", ["expanding", "once"])
+def test_the_backtest_runs_under_the_check_with_the_cpus_numbers(compose_cfg, csv_path, refit):
+    overrides = [*csv_overrides(csv_path), "tracking=none", "solver=direct", *FOREST_X[:1], "mode=backtest",
+                 "backtest.windows=3", f"backtest.refit={refit}"]
+    checked = run(compose_cfg(*overrides, "hw=check"))
+    plain = run(compose_cfg(*overrides, "hw=cpu"))
+    assert comparable(checked.metrics) == comparable(plain.metrics) and "rmse_backtest" in comparable(plain.metrics)
+    assert np.isfinite(checked.metrics["rmse_backtest"])
+
+
 def test_the_aggregate_mode_runs_under_the_check_with_the_cpus_numbers(compose_cfg, csv_path):
     """Experts (a static model, two Kalman filters sharing a forest model's design) and every aggregation
     rule, under the check: the same experts' forecasts, choice and aggregate as on the plain CPU."""
