@@ -158,6 +158,9 @@ LONG = "a" * 5000  # one path component longer than any file system allows (255 
 
 CASES = [
     # --- config: refused before any run starts
+    Case("a data path without data=csv", ["data.path={tmp}/my.csv"],
+         ["data.path='", "my.csv'", "the embedded table (data=national) reads no file, so this path would be ignored",
+          "Fix: add data=csv to read it"], False, subprocess=True),
     Case("unknown group option", ["model=nope"], ["Could not find 'model/nope'", "fourier", "Fix:"], False,
          subprocess=True),
     Case("unknown field", ["solver.tl=1e-6"], ["solver.tl", "Key 'tl' not in 'SolverConfig'", "Fix:"], False),

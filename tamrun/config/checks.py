@@ -120,6 +120,10 @@ def _check_hw(cfg: Config) -> None:
 def _check_data(cfg: Config) -> None:
     _require(cfg.data.source != DataSource.file or bool(cfg.data.path), "data.path", cfg.data.path,
              "data.source=file needs the path of a CSV file", "set data.path=/path/to/file.csv")
+    _require(cfg.data.source != DataSource.embedded or not cfg.data.path, "data.path", cfg.data.path,
+             f"the embedded table (data={cfg.data.name}) reads no file, so this path would be ignored",
+             "add data=csv to read it (python -m tamrun data=csv data.path=<file> data.target=<column>), or drop "
+             "data.path")
     _require(len(cfg.data.delimiter) == 1 and cfg.data.delimiter not in "\"\r\n", "data.delimiter",
              cfg.data.delimiter, "the column separator must be one character (not a quote or a line end)",
              "set data.delimiter=',' (or ';', '\\t', '|')")

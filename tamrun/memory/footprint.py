@@ -260,7 +260,7 @@ def stream_row_bytes(numeric_columns: int, text_columns: int, levels: int = 0) -
 #           of c columns), after the ranges (two (G, N) temporaries)
 # Measured per step (RSS high-water mark, national table): 1.0-1.3 copies (check, split), 0.5-0.7
 # (batch), 3.5-3.6 (design); rounded up. A step is refused (exit 2) when it would not fit under the binding real
-# limit; memory.safety_margin covers steps smaller than itself (`tamrun.memory.guard.require_room`).
+# limit with memory.safety_margin still free (`tamrun.memory.guard.require_room`).
 DATA_STEP_COPIES = {"read": 3.0, "join": 2.0, "check": 1.5, "split": 1.5, "batch": 1.5, "design": 5.0}
 
 

@@ -95,15 +95,16 @@ def unplanned_oom_refused(margin: int, gpu_memory: Optional[Callable[[], GpuMemo
 
 def require_room(bound: Optional[Limit], what: str, need: int = 0) -> None:
     """`MemoryBudgetError` (exit 2) when a hard limit (`HARD`) cannot hold ``what`` before it starts: a
-    refusal, not the kernel's kill halfway through it. The safety margin covers a step of up to its own
-    size (``need`` bytes at the step's peak); a larger step needs ``need`` bytes under the limit."""
-    if bound is None or bound.name not in HARD or bound.left > max(0, need - bound.margin):
+    refusal, not the kernel's kill halfway through it. The step (``need`` bytes at its peak) must fit in
+    what is left with the safety margin still free, ``size - used - margin - reserve >= need`` (and
+    something left for a step of unknown size): the margin is for what no estimate counts (the
+    interpreter, the allocator's arenas, library pages faulted in), not for the step itself."""
+    if bound is None or bound.name not in HARD or (bound.left > 0 and bound.left >= need):
         return
-    if need <= bound.margin:
+    if bound.left == 0:
         reason = f"nothing is left for {what} under {bound.describe()}"
     else:
-        reason = (f"{what} needs about {format_size(need)} but {format_size(bound.size - bound.used)} is free "
-                  f"under {bound.describe()}")
+        reason = f"{what} needs about {format_size(need)} but {format_size(bound.left)} is left under {bound.describe()}"
     raise MemoryBudgetError(bound.name, format_size(bound.size), reason, bound.fix(max(bound.margin, need)))
 
 
@@ -123,8 +124,8 @@ def no_room_check(what: str, step: str = "", nbytes: int = 0) -> None:
 class HostRoomWatch:
     """A `RoomCheck` over the host's real limits: before each step of the unplanned work (each block of
     the data read, its checks, the features) the tightest limit is read again, and `require_room`
-    refuses (exit 2) when the step's estimated peak (`data_step_bytes`, at least ``margin``:
-    memory.safety_margin) does not fit under it: a refusal, not the kernel's kill."""
+    refuses (exit 2) when the step's estimated peak (`data_step_bytes`) does not fit under it with
+    ``margin`` (memory.safety_margin) still free: a refusal, not the kernel's kill."""
 
     margin: int
 
