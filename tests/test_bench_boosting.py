@@ -4,6 +4,7 @@ asserted: only bounds a process sets itself (the CPU seconds it burns, the bytes
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import textwrap
@@ -13,10 +14,12 @@ import pytest
 
 from tamrun.bench.boost_child import (CALENDAR, DAY_MEAN, LAGS, ROWS_PER_DAY, TEMPERATURES, exogenous_frame,
                                       previous_day_mean, scores)
-from tamrun.bench.boosting import LIGHTGBM, SETUP, TAMRUN_COMMANDS, table, tamrun_commands
+from tamrun.bench.boosting import LIGHTGBM, SETUP, TAMRUN_COMMANDS, table, tamrun_commands, tamrun_record
 from tamrun.bench.commands import measured_run
 from tamrun.bench.report import MIB
 from tamrun.data.load import embedded_path
+
+from conftest import csv_overrides
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +71,12 @@ def test_the_tamrun_commands_are_a_setting():
 
 
 def test_a_measured_process_counts_its_childrens_cpu_and_memory(tmp_path):
-    """The command's grandchild burns 0.3 CPU s and touches 64 MiB: both are in the figures of the command."""
-    grandchild = textwrap.dedent("""
+    """The command's grandchild burns 0.3 CPU s and touches 64 MiB more than this process's own high-water
+    mark (the floor every child inherits): both are in the figures of the command."""
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    grandchild = textwrap.dedent(f"""
         import time
-        block = bytearray(64 * 2**20)
+        block = bytearray({floor} + 64 * 2**20)
         for i in range(0, len(block), 4096):
             block[i] = 1
         while time.process_time() < 0.3:
@@ -80,7 +85,7 @@ def test_a_measured_process_counts_its_childrens_cpu_and_memory(tmp_path):
     command = [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"]
     done = measured_run(command, timeout=120)
     assert done.returncode == 0 and not done.timed_out
-    assert done.cpu_seconds >= 0.3 and done.peak_bytes >= 64 * MIB
+    assert done.cpu_seconds >= 0.3 and done.peak_bytes >= floor + 64 * MIB and done.floor_bytes >= floor
     slow = measured_run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
     assert slow.timed_out and slow.returncode != 0
 
@@ -103,6 +108,8 @@ def test_the_table_has_one_row_per_condition_and_run():
     assert lines[3] == f"| idle | {LIGHTGBM} | 1/1 | 1,398.1 | 2.014 | 11.50 | 20.0 | 25.0 | 300 |"
     assert lines[4] == f"| beside 2 busy | {LIGHTGBM} | 0/1 | – | – | – | – | – | – |"
     assert len(lines) == 5 and {line.count("|") for line in lines} == {10}
+    floored = table([{**records[2], "peak_floor_bytes": 400 * MIB}], busy=2)
+    assert floored[2].endswith("| 25.0 | ≤ 300 |")  # the bench's own high-water mark, not the run's
 
 
 @pytest.mark.parametrize("python, why", [("missing", "no such file"), ("tamrun's", "No module named")])
@@ -116,3 +123,22 @@ def test_a_missing_peer_environment_names_the_setup_command(tmp_path, python, wh
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert why in done.stderr and SETUP in done.stderr and "--sides tamrun" in done.stderr
     assert not list(tmp_path.glob("boosting-*"))
+
+
+def test_a_tamrun_command_is_measured_and_scored_from_its_own_store(tmp_path, csv_path):
+    """The bench's tamrun side on the synthetic CSV: the figures read with sqlite3 are MLflow's, the process's
+    CPU and peak are counted, a failing command is an error record with its message."""
+    from tamrun.bench.commands import latest_metrics
+
+    record = tamrun_record(csv_overrides(csv_path), tmp_path / "run", timeout=300)
+    assert record["status"] == "ok" and record["fit_metric"] == "fit_seconds"
+    logged = latest_metrics(f"sqlite:///{tmp_path / 'run' / 'store.db'}")
+    assert (record["rmse"], record["mape"], record["fit_seconds"]) == (
+        logged["rmse_test"], logged["mape_test"], logged["fit_seconds"])
+    # the peak: at least the floor this (test) process hands on, whose own size depends on the tests before
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert record["cpu_seconds"] > 0 and record["peak_bytes"] >= record["peak_floor_bytes"] > 0
+    assert record["peak_floor_bytes"] <= floor
+    assert table([{**record, "run": "tamrun csv", "condition": "idle"}], busy=2)[2].startswith("| idle | tamrun csv | 1/1 |")
+    failed = tamrun_record([*csv_overrides(csv_path), "model.effects.sx.k=-1"], tmp_path / "bad", timeout=300)
+    assert failed["status"] == "error" and failed["error_kind"] == "exit 2" and "model.effects.sx.k" in failed["error"]

@@ -22,6 +22,7 @@ JSON and the table to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -31,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tamrun.bench.commands import Measured, error_record, latest_metrics, measured_run, result_record
+from tamrun.bench.commands import Measured, error_record, measured_run, result_record
 from tamrun.bench.load import base_environment, busy_processes
 from tamrun.bench.machine import header_lines, machine_info
 from tamrun.bench.report import MIB, Spread, cell
@@ -94,17 +95,29 @@ def missing_peer(python: Optional[str]) -> Optional[str]:
 def tamrun_record(overrides: List[str], workdir: Path, timeout: float) -> dict:
     """One tamrun command, measured; RMSE, MAPE and fit seconds from its store."""
     workdir.mkdir(parents=True, exist_ok=True)
-    store = f"sqlite:///{workdir / 'store'}.db"
+    store = f"sqlite:///{workdir / 'store.db'}"
     command = [sys.executable, "-m", "tamrun", *overrides, f"tracking.uri={store}", *STORE_ARGUMENTS,
                f"hydra.run.dir={workdir / 'run'}"]
     done = measured_run(command, timeout, env=base_environment(), cwd=workdir)
     record = process_record(done)
     if done.returncode != 0 or done.timed_out:
         return {**record, **({} if done.timed_out else error_record(done.stderr, done.returncode))}
-    metrics = latest_metrics(store)
+    metrics = store_metrics(workdir / "store.db")
     fit = next((key for key in FIT_METRICS if key in metrics), None)
     return {**record, "status": "ok", "rmse": metrics.get("rmse_test"), "mape": metrics.get("mape_test"),
             "fit_seconds": metrics.get(fit) if fit else None, "fit_metric": fit}
+
+
+def store_metrics(db: Path) -> Dict[str, float]:
+    """The metrics of the one run of the sqlite store ``db``, by plain name, read with sqlite3: importing MLflow
+    would raise this process's resident set, the floor of every later child's (`measured_run`)."""
+    import sqlite3
+
+    from tamrun.tracking.metric_keys import metric_name
+
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        rows = connection.execute("SELECT key, value FROM latest_metrics").fetchall()
+    return {metric_name(key): float(value) for key, value in rows}
 
 
 def lightgbm_record(python: str, day_mean: str, timeout: float) -> dict:
@@ -120,7 +133,8 @@ def lightgbm_record(python: str, day_mean: str, timeout: float) -> dict:
 
 def process_record(done: Measured) -> dict:
     """What the kernel counted for a finished run (a timeout marks the record)."""
-    record = {"wall_seconds": done.wall_seconds, "cpu_seconds": done.cpu_seconds, "peak_bytes": done.peak_bytes}
+    record = {"wall_seconds": done.wall_seconds, "cpu_seconds": done.cpu_seconds, "peak_bytes": done.peak_bytes,
+              "peak_floor_bytes": done.floor_bytes}
     return {**record, "status": "timeout"} if done.timed_out else record
 
 
@@ -153,7 +167,8 @@ def where(condition: str, busy: int) -> str:
 
 def table(records: List[dict], busy: int) -> List[str]:
     """The markdown table: per condition and run, the RMSE and MAPE of 2024, the medians (min–max) over
-    its repeats of the fit, CPU and wall seconds and of the peak resident set."""
+    its repeats of the fit, CPU and wall seconds and of the peak resident set (``≤`` when a run's peak is
+    this process's own high-water mark, which it inherits: `tamrun.bench.commands.measured_run`)."""
     lines = ["| condition | run | ok | RMSE 2024 MW | MAPE 2024 % | fit s | process CPU s | wall s | peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
     groups: Dict[Tuple[str, str], List[dict]] = {}
@@ -169,9 +184,10 @@ def table(records: List[dict], busy: int) -> List[str]:
             median = cell(found.median, fmt)
             return median if len(ok) == 1 else f"{median} ({cell(found.low, fmt)}–{cell(found.high, fmt)})"
 
+        at_floor = any(r.get("peak_bytes", 0) <= r.get("peak_floor_bytes", -1) for r in ok)  # the bench's own
         lines.append(f"| {where(condition, busy)} | {run} | {len(ok)}/{len(runs)} | {median(ok, 'rmse', ',.1f')} | "
                      f"{median(ok, 'mape', '.3f')} | {spread('fit_seconds', fmt='.2f')} | {spread('cpu_seconds')} | "
-                     f"{spread('wall_seconds')} | {spread('peak_bytes', MIB, '.0f')} |")
+                     f"{spread('wall_seconds')} | {'≤ ' if at_floor else ''}{spread('peak_bytes', MIB, '.0f')} |")
     return lines
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -97,17 +98,22 @@ class Measured:
     cpu_seconds: float  # user + system of the process and every descendant it waited for
     peak_bytes: int  # the largest resident set of the process or one of those descendants (ru_maxrss)
     timed_out: bool
+    floor_bytes: int  # this process's own high-water mark at the start, which the child's ru_maxrss inherits
 
 
 def measured_run(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None,
                  cwd: Optional[Path] = None) -> Measured:
     """Run ``command`` to its end (killed after ``timeout`` seconds) and reap it with ``os.wait4``: its own
     CPU time and resident-set high-water mark, those of its waited-for descendants included, whatever
-    else this process runs or reaps meanwhile (busy processes)."""
+    else this process runs or reaps meanwhile (busy processes). Linux hands a process's high-water mark on
+    to the program it executes, so a child's ``ru_maxrss`` is at least this process's own at the start
+    (``floor_bytes``): a peak at that floor is this process's, not the child's."""
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         began = time.perf_counter()
         process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
-        timer = threading.Timer(timeout, process.kill)
+        killed = threading.Event()
+        timer = threading.Timer(timeout, lambda: (killed.set(), process.kill()))
         timer.start()
         try:
             _, status, usage = os.wait4(process.pid, 0)
@@ -118,7 +124,7 @@ def measured_run(command: List[str], timeout: float, env: Optional[Dict[str, str
         out.seek(0)
         err.seek(0)
         return Measured(process.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                        wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, wall >= timeout)
+                        wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, killed.is_set(), floor)
 
 
 def report_presets(prog: str, argv: Optional[List[str]], presets: str, measure: Callable[[str, Path], object],
