@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -63,13 +66,65 @@ def run_child(command: List[str], timeout: float, env: Optional[Dict[str, str]] 
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "timeout_s": timeout}
-    for line in done.stdout.splitlines():
+    record = result_record(done.stdout)
+    if record is None:
+        return error_record(done.stderr, done.returncode)
+    record["wall_seconds"] = time.perf_counter() - began
+    return record
+
+
+def result_record(stdout: str) -> Optional[dict]:
+    """A child's ``BENCH_RESULT`` record (None when it printed none)."""
+    for line in stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
-            record = json.loads(line[len(RESULT_PREFIX):])
-            record["wall_seconds"] = time.perf_counter() - began
-            return record
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"status": "error", "error_kind": f"exit {done.returncode}", "error": tail[:300]}
+            return json.loads(line[len(RESULT_PREFIX):])
+    return None
+
+
+def error_record(stderr: str, returncode: int) -> dict:
+    """The record of a process that failed: its exit code and the last line of its stderr."""
+    tail = (stderr.strip().splitlines() or ["no output"])[-1]
+    return {"status": "error", "error_kind": f"exit {returncode}", "error": tail[:300]}
+
+
+@dataclass
+class Measured:
+    """A finished process: its exit code and output, and what the kernel counted for it (`measured_run`)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_seconds: float
+    cpu_seconds: float  # user + system of the process and every descendant it waited for
+    peak_bytes: int  # the largest resident set of the process or one of those descendants (ru_maxrss)
+    timed_out: bool
+    floor_bytes: int  # this process's own high-water mark at the start, which the child's ru_maxrss inherits
+
+
+def measured_run(command: List[str], timeout: float, env: Optional[Dict[str, str]] = None,
+                 cwd: Optional[Path] = None) -> Measured:
+    """Run ``command`` to its end (killed after ``timeout`` seconds) and reap it with ``os.wait4``: its own
+    CPU time and resident-set high-water mark, those of its waited-for descendants included, whatever
+    else this process runs or reaps meanwhile (busy processes). Linux hands a process's high-water mark on
+    to the program it executes, so a child's ``ru_maxrss`` is at least this process's own at the start
+    (``floor_bytes``): a peak at that floor is this process's, not the child's."""
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        began = time.perf_counter()
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
+        killed = threading.Event()
+        timer = threading.Timer(timeout, lambda: (killed.set(), process.kill()))
+        timer.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            timer.cancel()
+        wall = time.perf_counter() - began
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        out.seek(0)
+        err.seek(0)
+        return Measured(process.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
+                        wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, killed.is_set(), floor)
 
 
 def report_presets(prog: str, argv: Optional[List[str]], presets: str, measure: Callable[[str, Path], object],

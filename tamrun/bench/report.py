@@ -118,7 +118,8 @@ def _spread(value: Optional[Spread], scale: float = 1.0, digits: int = 2) -> str
     return f"{value.median / scale:.{digits}f} ({value.low / scale:.{digits}f}–{value.high / scale:.{digits}f})"
 
 
-def _num(value: Optional[float], fmt: str) -> str:
+def cell(value: Optional[float], fmt: str) -> str:
+    """A table cell: ``value`` in ``fmt``, ``–`` when there is none."""
     return "–" if value is None else format(value, fmt)
 
 
@@ -134,15 +135,15 @@ def markdown(records: Sequence[dict], header: Dict[str, str]) -> str:
         cg = "–"
         if s.cg_iterations is not None:
             cap = f" (max_iter capped at {s.cg_max_iter})" if s.side == "peer" and s.cg_max_iter else ""
-            cg = f"{s.cg_iterations:.0f} / {_num(s.cg_residual, '.1e')}{cap}"
+            cg = f"{s.cg_iterations:.0f} / {cell(s.cg_residual, '.1e')}{cap}"
         parts = "–" if s.setup is None else f"{s.setup:.2f} + {s.solve:.2f}"
-        lines.append(f"| {s.model} | {s.side} | {s.route or '–'} | {_spread(s.fit)} | {_num(s.bare, '.2f')} | {parts} | "
-                     f"{_spread(s.predict)} | {_spread(s.peak, MIB, 0)} | {_num(s.rmse, '.1f')} | {_num(s.mape, '.3f')} | "
+        lines.append(f"| {s.model} | {s.side} | {s.route or '–'} | {_spread(s.fit)} | {cell(s.bare, '.2f')} | {parts} | "
+                     f"{_spread(s.predict)} | {_spread(s.peak, MIB, 0)} | {cell(s.rmse, '.1f')} | {cell(s.mape, '.3f')} | "
                      f"{cg} | {s.outcome} |")
     for other in [side for side in SIDES[1:] if any(s.side == side for s in summaries)]:
         lines += ["", f"| model | fit speed-up ({other} / tamrun) | peak memory ratio ({other} / tamrun) | "
                   f"RMSE tamrun − {other} (MW) |", "|---|---|---|---|"]
         for r in ratios(summaries, other):
-            lines.append(f"| {r.model} | {_num(r.speedup, '.2f')}× | {_num(r.memory, '.2f')}× | "
-                         f"{_num(r.rmse_difference, '+.1f')} |")
+            lines.append(f"| {r.model} | {cell(r.speedup, '.2f')}× | {cell(r.memory, '.2f')}× | "
+                         f"{cell(r.rmse_difference, '+.1f')} |")
     return "\n".join(lines) + "\n"
