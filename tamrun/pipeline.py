@@ -81,7 +81,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     frame = loaded.frame
     room("deriving and checking the data", "check", frame_bytes(frame))
     calendar = Calendar.of(data, frame[data.date_column])
-    frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin, calendar)
+    frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin, calendar, data.group)
     check_table(frame, numeric, data.group, data.date_column)
     frame = apply_nan_policy(frame, numeric, data.nan_policy)
     check_magnitudes(frame, {f: c for f, c in numeric.items() if f != "data.target"}, data.date_column, data.group)

@@ -8,11 +8,12 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 import numpy as np
 import pandas as pd
 
-from tamrun.config.schema import DerivedColumn
+from tamrun.config.schema import HISTORY_KINDS, DerivedColumn
 from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.data.calendar import Calendar, calendar_column
 from tamrun.data.dates import read_dates
 from tamrun.data.file_kind import use_one_of
+from tamrun.data.history import history_column
 from tamrun.errors import DataError
 
 
@@ -20,7 +21,8 @@ DATE_KINDS = ("time_index", "calendar", "holiday")  # the kinds read from the da
 
 
 def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
-                        origin: Optional[pd.Timestamp] = None, calendar: Optional[Calendar] = None) -> pd.DataFrame:
+                        origin: Optional[pd.Timestamp] = None, calendar: Optional[Calendar] = None,
+                        group: Optional[str] = None) -> pd.DataFrame:
     """Return ``frame`` with each derived column appended, in config order (a new frame; the
     existing columns are shared, copy-on-write, not copied).
 
@@ -28,7 +30,10 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
     ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: the expression's value as float
     (`tamrun.config.expr`: arithmetic and comparisons on columns and literals, checked before it is evaluated);
     ``calendar`` and ``holiday``: read from the date in local time (`tamrun.data.calendar`, with ``calendar``:
-    the time zone, the country's holidays and the table's step; its step read from ``frame`` when not known).
+    the time zone, the country's holidays and the table's step; its step read from ``frame`` when not known);
+    ``lag``, ``rolling``, ``smooth``: read from ``column``'s earlier rows of the row's group (data.group: ``group``),
+    in time order (`tamrun.data.history`; local days in the calendar's time zone). A derived column may read
+    the ones before it.
     """
     out = frame.copy(deep=False)
     for name, spec in derived.items():
@@ -44,6 +49,9 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             if spec.column not in out.columns:
                 raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(out.columns))
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
+        elif spec.kind in HISTORY_KINDS:
+            timezone = None if calendar is None else calendar.timezone
+            out[name] = history_column(out, spec, field, date_column, group, timezone)
         elif spec.kind in ("calendar", "holiday"):
             if calendar is None or calendar.step_seconds is None:
                 calendar = Calendar.of_table(calendar, out[date_column])
@@ -54,16 +62,21 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
 
 
 def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str], Set[str]]:
-    """The file columns the derived columns read: (config field -> column of each ``isin``, which
-    must exist; the names an ``expr`` mentions, which are read when they are columns). An expression
-    that is not allowed is refused here, before any data is read (`tamrun.config.expr.parse_expression`)."""
+    """The file columns the derived columns read: (config field -> column of each ``isin``, and of each
+    history column unless it reads an earlier derived column: each must exist; the names an ``expr`` mentions,
+    which are read when they are columns). An expression that is not allowed is refused here, before any data
+    is read (`tamrun.config.expr.parse_expression`)."""
     required: Dict[str, str] = {}
     mentioned: Set[str] = set()
+    earlier: Set[str] = set()
     for name, spec in derived.items():
         if spec.kind == "isin" and spec.column:
             required[f"data.derived.{name}.column"] = spec.column
+        elif spec.kind in HISTORY_KINDS and spec.column and spec.column not in earlier:
+            required[f"data.derived.{name}.column"] = spec.column
         elif spec.kind == "expr" and spec.expr:
             mentioned.update(names(parse_expression(f"data.derived.{name}.expr", spec.expr)))
+        earlier.add(name)
     return required, mentioned
 
 
@@ -102,6 +115,8 @@ class DataRecipe:
             return [self.date_column]
         if spec.kind == "isin":
             return [spec.column]
+        if spec.kind in HISTORY_KINDS:
+            return [self.date_column, spec.column]
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
@@ -124,4 +139,4 @@ class DataRecipe:
             return frame
         if self.date_column in frame.columns:
             frame = frame.assign(**{self.date_column: self.dates(frame)})
-        return add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar)
+        return add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group)
