@@ -139,4 +139,19 @@ class DataRecipe:
             return frame
         if self.date_column in frame.columns:
             frame = frame.assign(**{self.date_column: self.dates(frame)})
-        return add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group)
+        frame = add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group)
+        refuse_no_history(frame, {name: spec for name, spec in missing.items() if spec.kind in HISTORY_KINDS})
+        return frame
+
+
+def refuse_no_history(frame: pd.DataFrame, history: Mapping[str, DerivedColumn]) -> None:
+    """`DataError` naming a history column that rows to predict have no value of (their earlier rows are not
+    among them): a forecast is never made from a missing input."""
+    for name, spec in history.items():
+        missing = np.isnan(frame[name].to_numpy(dtype=np.float64))
+        if missing.any():
+            raise DataError(f"data.derived.{name}", spec.column, f"{int(missing.sum())} of the {len(frame)} rows to "
+                            f"predict (first: row {int(np.argmax(missing))}, counted from 0) have no {spec.kind} of "
+                            f"{spec.column!r}: it reads the earlier rows of their group, which are not among the "
+                            "rows to predict (a fitted model keeps no rows of its table)",
+                            f"give the column {name} itself in the rows to predict (the value a run would derive)")
