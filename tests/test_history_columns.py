@@ -216,9 +216,8 @@ PEEK_RUN = ["data=csv", "data.target=load", "data.group=site", "model=calendar",
             "+data.derived.load_d1={kind: lag, column: load, by: 1D}",
             "+data.derived.load_d7={kind: lag, column: load, by: 7D}",
             "+data.derived.load_prev={kind: rolling, column: load, stat: mean, window: 1D, align: day}",
-            "+model.effects.d1={kind: spline, column: load_d1, k: 6}",
-            "+model.effects.d7={kind: spline, column: load_d7, k: 6}",
-            "+model.effects.prev={kind: spline, column: load_prev, k: 6}",
+            "+model.effects.d1={kind: linear, column: load_d1}", "+model.effects.d7={kind: linear, column: load_d7}",
+            "+model.effects.prev={kind: linear, column: load_prev}",  # linear: the moved day extrapolates
             "+model.effects.temp={kind: spline, column: temperature, k: 6}",
             "split.train_start=2022-01-10", "split.train_end=2022-02-28", "split.test_start=2022-03-01",
             "split.test_end=2022-03-31"]
@@ -390,8 +389,7 @@ def test_a_streamed_run_derives_each_chunk_s_groups_as_the_whole_run(compose_cfg
 
 
 def test_parquet_reads_the_split_s_days_widened_by_the_lookback(compose_cfg, sites_files):
-    """The split's days pushed down to Parquet are widened by the longest lookback (7 days and one for the
-    previous day's max, and a margin): the first training day's lags are found, fewer rows are read than the
+    """The split's days pushed down to Parquet are widened by the longest lookback (7 days, and a margin): the first training day's lags are found, fewer rows are read than the
     table holds, and the run equals the CSV run, which reads every row."""
     from tamrun.config.load import typed_config
     from tamrun.pipeline import load_splits, read_window
@@ -399,7 +397,7 @@ def test_parquet_reads_the_split_s_days_widened_by_the_lookback(compose_cfg, sit
 
     config, specs = typed_config(compose_cfg(*LAG_RUN, f"data.path={sites_files['parquet']}"))
     window = read_window(config)
-    assert window.lower == pd.Timestamp("2022-10-05")  # 15 October - (7 + 1 days of 25 hours, rounded up, + 1)
+    assert window.lower == pd.Timestamp("2022-10-06")  # 15 October - (7 days of 25 hours, rounded up to 8, + 1)
     loaded = read_table(config.data, window=window)
     assert loaded.parquet.pushed_down and 0 < len(loaded.frame) < sites_files["rows"]
     splits = load_splits(config, specs)

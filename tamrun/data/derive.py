@@ -107,7 +107,8 @@ class DataRecipe:
 
     def sources(self, column: str, available: Iterable[str]) -> List[str]:
         """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
-        index, an ``isin``'s column, the names an expression mentions that are in ``available``."""
+        index, an ``isin``'s column, the names an expression mentions that are in ``available``; a history
+        column itself (`tamrun.data.history`: it reads earlier rows, which the model does not keep)."""
         spec = self.derived.get(column)
         if spec is None:
             return [column]
@@ -115,8 +116,8 @@ class DataRecipe:
             return [self.date_column]
         if spec.kind == "isin":
             return [spec.column]
-        if spec.kind in HISTORY_KINDS:
-            return [self.date_column, spec.column]
+        if spec.kind in HISTORY_KINDS:  # read from earlier rows, which a fitted model does not keep: given as such
+            return [column]
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 

@@ -23,11 +23,12 @@ computed, and put back.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 
+from tamrun.config.expr import names, parse_expression
 from tamrun.config.offsets import Span, reach, span
 from tamrun.config.schema import HISTORY_KINDS, DerivedColumn
 from tamrun.data.file_kind import use_one_of
@@ -44,17 +45,24 @@ def reads_history(derived: Mapping[str, DerivedColumn]) -> bool:
 
 def lookback(derived: Mapping[str, DerivedColumn]) -> Optional[pd.Timedelta]:
     """How far before the first row it derives the history columns read, as an elapsed time at least as long
-    (the sum of their reaches: one column may read another); None: no history column; `UNBOUNDED`: a smooth."""
-    total = None
-    for name, spec in derived.items():
-        if spec.kind not in HISTORY_KINDS:
+    (the longest column's reach, a column's source's added when it reads an earlier derived column); None: no
+    history column; `UNBOUNDED`: a smooth."""
+    if not reads_history(derived):
+        return None
+    order = list(derived)
+    reaches: Dict[str, pd.Timedelta] = {}
+    for at, (name, spec) in enumerate(derived.items()):
+        sources = [spec.column] if spec.kind in (*HISTORY_KINDS, "isin") else \
+            names(parse_expression(f"data.derived.{name}.expr", spec.expr)) if spec.kind == "expr" else []
+        before = max((reaches.get(source, pd.Timedelta(0)) for source in sources if source in order[:at]),
+                     default=pd.Timedelta(0))
+        own = reach(f"data.derived.{name}", spec) if spec.kind in HISTORY_KINDS else Span()
+        if own is None or before == UNBOUNDED:
+            reaches[name] = UNBOUNDED
             continue
-        found = reach(f"data.derived.{name}", spec)
-        if found is None:
-            return UNBOUNDED
-        total = (total or pd.Timedelta(0)) + found.bound + (pd.Timedelta(days=1) if spec.align == "day" else
-                                                             pd.Timedelta(0))
-    return total
+        reaches[name] = before + own.bound + (pd.Timedelta(days=1) if spec.kind == "rolling" and spec.align == "day"
+                                              else pd.Timedelta(0))
+    return max(reaches.values())
 
 
 def history_column(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column: str, group: Optional[str],
@@ -162,15 +170,34 @@ def rolling_values(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec
 
 
 def window_mean(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """(n,) the mean of the finite ``values[lo:hi]`` of each row (NaN when none), from cumulative sums of the
-    values less their mean (so that the sums stay small)."""
+    """(n,) the mean of the finite ``values[lo:hi]`` of each row (NaN when none)."""
     finite = np.isfinite(values)
-    centre = float(values[finite].mean()) if finite.any() else 0.0
-    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values - centre, 0.0))])
-    counts = np.concatenate([[0], np.cumsum(finite)])
-    count = counts[hi] - counts[lo]
+    count = window_sum(finite.astype(np.float64), lo, hi)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, (sums[hi] - sums[lo]) / count + centre, np.nan)
+        return np.where(count > 0, window_sum(np.where(finite, values, 0.0), lo, hi) / count, np.nan)
+
+
+def window_sum(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """(n,) the sum of each row's ``values[lo:hi]``: the sums of runs of 2^k rows (pairwise), the window's length
+    taken bit by bit from the largest, so that a window's sum reads only its own values (a value outside it
+    never moves it, not even by a rounding)."""
+    length = hi - lo
+    out = np.zeros(len(lo))
+    if not len(values):
+        return out
+    top = int(np.floor(np.log2(max(int(length.max()), 1))))
+    levels = [values]  # levels[k][i]: the sum of values[i:i + 2^k] (as far as the array goes)
+    while len(levels) <= top:
+        half, last = 2 ** (len(levels) - 1), levels[-1]
+        nxt = last.copy()
+        nxt[:len(last) - half] += last[half:]
+        levels.append(nxt)
+    at = lo.copy()
+    for k in range(top, -1, -1):
+        take = (length >> k) & 1 == 1
+        out[take] += levels[k][at[take]]
+        at[take] += 2 ** k
+    return out
 
 
 def window_extreme(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, reduce) -> np.ndarray:
