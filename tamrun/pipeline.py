@@ -81,7 +81,8 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     frame = loaded.frame
     room("deriving and checking the data", "check", frame_bytes(frame))
     calendar = Calendar.of(data, frame[data.date_column])
-    frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin, calendar, data.group)
+    origin = loaded.origin if loaded.origin is not None else frame[data.date_column].min()  # before any row is dropped
+    frame = add_derived_columns(frame, data.derived, data.date_column, origin, calendar, data.group)
     if reads_history(data.derived):  # the rows outside the periods were read as history only
         frame = frame[in_periods(frame, config.split, data.date_column, data.timezone).to_numpy()]
     check_table(frame, numeric, data.group, data.date_column)
@@ -91,9 +92,8 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates, data.timezone)
     frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)
     check_target_leakage(frame, effect_columns(specs), data.target)
-    recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
-                        loaded.origin if loaded.origin is not None else frame[data.date_column].min() if len(frame)
-                        else None, data.date_format, data.dayfirst, calendar)
+    recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group, origin, data.date_format,
+                        data.dayfirst, calendar)
     room("splitting the data", "split", frame_bytes(frame))
     train, test = split_by_date(frame, config.split, data.date_column, data.timezone)
     check_constant_columns(train, effect_columns(specs), data.constant_features)
