@@ -220,7 +220,7 @@ PEEK_RUN = ["data=csv", "data.target=load", "data.group=site", "model=calendar",
             "+model.effects.prev={kind: linear, column: load_prev}",  # linear: the moved day extrapolates
             "+model.effects.temp={kind: spline, column: temperature, k: 6}",
             "split.train_start=2022-01-10", "split.train_end=2022-02-28", "split.test_start=2022-03-01",
-            "split.test_end=2022-03-31"]
+            "split.test_end=2022-03-20"]
 MOVED_DAY = pd.Timestamp("2022-03-15")  # a Tuesday of the test period (local day)
 
 
@@ -241,7 +241,7 @@ def predictions_of(store: str, name: str) -> pd.DataFrame:
 def peeking(tmp_path_factory) -> dict:
     """The same run on the table as it is and with the load of every row of one test day moved by +1000."""
     folder = tmp_path_factory.mktemp("peek")
-    frame = hourly_sites(sites=2, start="2022-01-01", end="2022-03-31")
+    frame = hourly_sites(sites=2, start="2022-01-01", end="2022-03-20")
     local_day = frame["date"].dt.tz_localize(None).dt.normalize()
     moved = frame.assign(load=np.where(local_day == MOVED_DAY, frame["load"] + 1000.0, frame["load"]))
     store = f"sqlite:///{folder / 'mlflow.db'}"
@@ -269,32 +269,74 @@ def test_moving_the_target_of_one_day_changes_no_forecast_of_that_day(peeking):
     np.testing.assert_array_equal(moved["predicted"].to_numpy()[before], as_is["predicted"].to_numpy()[before])
 
 
-def test_the_fitted_model_refuses_rows_without_their_history_and_reads_them_given(peeking):
-    """A fitted model keeps no rows of its table: rows to predict whose earlier rows it is not given are refused
-    naming the column; given the history columns as such, it forecasts what the run did."""
-    as_is = peeking["as_is"]
-    client = MlflowClient(tracking_uri=peeking["store"])
-    run_id = as_is["run_id"].iloc[0]
+HISTORY = {"load_d1": DerivedColumn(kind="lag", column="load", by="1D"),
+           "load_d7": DerivedColumn(kind="lag", column="load", by="7D"),
+           "load_prev": DerivedColumn(kind="rolling", column="load", window="1D", align="day")}
+
+
+def logged_model(store: str, run_id: str):
+    client = MlflowClient(tracking_uri=store)
     (logged,) = [m for m in client.search_logged_models([client.get_run(run_id).info.experiment_id])
                  if m.source_run_id == run_id]
-    model = load_state(Path(logged.artifact_location.removeprefix("file://")) / "data" / "fitted")
-    frame = peeking["frame"]
-    rows = frame[frame["date"].dt.tz_localize(None).dt.normalize() == pd.Timestamp("2022-03-22")].reset_index(drop=True)
-    local = rows.assign(date=rows["date"].dt.tz_localize(None).astype(str))
-    with pytest.raises(DataError, match=r"data.derived.load_d1='load': 48 of the 48 rows to predict .* have no lag of "
-                                        r"'load'.*Fix: give the column load_d1 itself"):
-        model.predict_values(local)
+    return load_state(Path(logged.artifact_location.removeprefix("file://")) / "data" / "fitted")
+
+
+def local_text(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows as a request sends them: local wall times as text, no load."""
+    return rows.assign(date=rows["date"].dt.tz_localize(None).astype(str)).drop(columns=["load"]).reset_index(drop=True)
+
+
+def test_the_logged_model_forecasts_the_day_after_from_its_input_example_s_columns(peeking, monkeypatch):
+    """The served model (mlflow.pyfunc) reads the day after its table without its load: its input example lists
+    the date, the group and the temperature, and its forecasts are the fitted model's."""
+    import mlflow
+
+    run_id = peeking["as_is"]["run_id"].iloc[0]
+    client = MlflowClient(tracking_uri=peeking["store"])
+    (logged,) = [m for m in client.search_logged_models([client.get_run(run_id).info.experiment_id])
+                 if m.source_run_id == run_id]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", peeking["store"])  # the store its files are checked against
+    loaded = mlflow.pyfunc.load_model(logged.artifact_location)
+    example = loaded.metadata.load_input_example(logged.artifact_location.removeprefix("file://"))
+    assert list(example.columns) == ["site", "date", "temperature"]
+    after = local_text(hourly_sites(sites=2, start="2022-03-21", end="2022-03-21"))
+    served = loaded.predict(after)
+    expected = logged_model(peeking["store"], run_id).predict_values(after)
+    np.testing.assert_allclose(served["predicted"].to_numpy(dtype=np.float64), np.asarray(expected), rtol=1e-12)
+
+
+def test_the_fitted_model_keeps_the_table_s_last_rows_for_the_day_after(peeking, tmp_path):
+    """The model keeps each group's last rows within the lags' reach (7 days): the day after its table gets
+    its lags and its previous day's mean from them, as the whole table derived would give; a day whose earlier
+    rows it neither keeps nor is sent is refused naming the column; given the history columns as such, the
+    model forecasts what the run did."""
+    as_is, frame = peeking["as_is"], peeking["frame"]
+    model = logged_model(peeking["store"], as_is["run_id"].iloc[0])
+    assert model.recipe.tail is not None and set(model.recipe.tail.values) == {"load"}
+    kept = pd.to_datetime(model.recipe.tail.dates)
+    assert kept.min() >= pd.Timestamp("2022-03-12") and kept.max() == pd.Timestamp("2022-03-20 22:00")
+    after = hourly_sites(sites=2, start="2022-03-21", end="2022-03-21")  # the day after the table
+    served = model.predict_values(local_text(after))
+    cfg = DataConfig(source=DataSource.file, path=str(write_sites(pd.concat([frame, after.assign(load=np.nan)]),
+                                                                  tmp_path / "after.csv")),
+                     target="load", group="site", timezone=PARIS)
+    whole = derived(read_table(cfg).frame, HISTORY, PARIS).set_index(["date", "site"])
+    keys = list(zip(after["date"].dt.tz_convert("UTC").dt.tz_localize(None), after["site"]))
+    given = local_text(after).assign(**{name: whole.loc[keys, name].to_numpy() for name in HISTORY})
+    assert given[list(HISTORY)].notna().all().all()
+    np.testing.assert_allclose(np.asarray(served, dtype=np.float64),
+                               np.asarray(model.predict_values(given), dtype=np.float64), rtol=1e-12, atol=0)
+    two_days = hourly_sites(sites=2, start="2022-03-21", end="2022-03-22")  # the second day's lag 1D: not known
+    with pytest.raises(DataError, match=r"data.derived.load_d1='load': 48 of the 96 rows to predict .* have no lag of "
+                                        r"'load'.*Fix: send those earlier rows with their load along"):
+        model.predict_values(local_text(two_days))
+    rows = frame[frame["date"].dt.tz_localize(None).dt.normalize() == pd.Timestamp("2022-03-08")]
+    with pytest.raises(DataError, match=r"48 of the 48 rows to predict .* have no lag of 'load'"):
+        model.predict_values(local_text(rows))
     keys = list(zip(rows["date"].dt.tz_convert("UTC").dt.tz_localize(None), rows["site"]))
-    whole = derived(read_table(DataConfig(source=DataSource.file, path=str(write_sites(frame, Path(
-        peeking["store"].removeprefix("sqlite:///")).parent / "whole.csv")), target="load", group="site",
-        timezone=PARIS)).frame, {"load_d1": DerivedColumn(kind="lag", column="load", by="1D"),
-                                 "load_d7": DerivedColumn(kind="lag", column="load", by="7D"),
-                                 "load_prev": DerivedColumn(kind="rolling", column="load", window="1D", align="day")},
-        PARIS).set_index(["date", "site"]).loc[keys]
-    given = local.assign(**{name: whole[name].to_numpy() for name in ("load_d1", "load_d7", "load_prev")})
-    served = model.predict_values(given.drop(columns=["load"]))
-    np.testing.assert_allclose(np.asarray(served, dtype=np.float64), as_is.loc[keys, "predicted"].to_numpy(),
-                               rtol=1e-9, atol=0)
+    given = local_text(rows).assign(**{name: whole.loc[keys, name].to_numpy() for name in HISTORY})
+    np.testing.assert_allclose(np.asarray(model.predict_values(given), dtype=np.float64),
+                               as_is.loc[keys, "predicted"].to_numpy(), rtol=1e-9, atol=0)
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------

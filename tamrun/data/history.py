@@ -23,6 +23,7 @@ computed, and put back.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -272,3 +273,44 @@ def daily_smooth(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec: 
         daily = (np.fmin if spec.daily == "min" else np.fmax).reduceat(values, cuts)
     day_of_row = np.searchsorted(cuts, np.arange(len(values)), side="right") - 1
     return smooth_values(keys[cuts], daily, float(spec.factor))[day_of_row]
+
+
+@dataclass(frozen=True)
+class HistoryTail:
+    """The last rows of each group a fitted model keeps for its lag and rolling columns (as mlforecast's
+    ``keep_last_n``): the rows within their reach back (`lookback`) of the group's last date, their date (int64
+    ns, as the table holds it), group (None without data.group) and the values of each source column read from
+    the file. Rows sent to the model are put after them, so that the day after the table gets its history."""
+
+    dates: np.ndarray
+    groups: list
+    values: Dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
+           group: Optional[str]) -> Optional["HistoryTail"]:
+        """The tail of ``frame`` (the table's rows the run scored, derived columns included); None when no lag
+        or rolling column reads a file column (a smooth reads every earlier row: it is not kept)."""
+        kept = {name: spec for name, spec in derived.items() if spec.kind in ("lag", "rolling")}
+        sources = [spec.column for spec in kept.values() if spec.column not in derived and spec.column in frame]
+        reach_back = lookback(kept)
+        if not sources or reach_back is None or not len(frame):
+            return None
+        dates = frame[date_column]
+        last = frame.groupby(group)[date_column].transform("max") if group else dates.max()
+        rows = frame[(dates >= last - reach_back).to_numpy()]
+        return cls(rows[date_column].to_numpy(dtype="datetime64[ns]").astype(np.int64),
+                   rows[group].tolist() if group else [],
+                   {column: rows[column].to_numpy(dtype=np.float64, na_value=np.nan) for column in dict.fromkeys(sources)})
+
+    def before(self, frame: pd.DataFrame, date_column: str, group: Optional[str]) -> pd.DataFrame:
+        """The tail's rows (those whose group and date ``frame`` does not hold) followed by ``frame``'s; the
+        columns of the tail ``frame`` lacks are NaN in its rows."""
+        tail = pd.DataFrame({date_column: self.dates.astype("datetime64[ns]"), **self.values})
+        if group:
+            tail[group] = pd.Series(self.groups, dtype=frame[group].dtype if group in frame else None)
+        keys = [date_column] + ([group] if group else [])
+        frame = frame.assign(**{date_column: frame[date_column].astype("datetime64[ns]")})
+        given = pd.MultiIndex.from_frame(frame[keys]) if len(keys) > 1 else pd.Index(frame[date_column])
+        ours = pd.MultiIndex.from_frame(tail[keys]) if len(keys) > 1 else pd.Index(tail[date_column])
+        return pd.concat([tail[~ours.isin(given)], frame], ignore_index=True)
