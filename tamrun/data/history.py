@@ -140,7 +140,8 @@ def positions(keys: np.ndarray, dates: np.ndarray, wanted: np.ndarray) -> np.nda
     """(n,) for each row, the first position of the sorted (``keys``, ``dates``) at or after (its key,
     ``wanted``) (n where none; NaT wanted: n)."""
     valid = ~np.isnat(wanted)
-    stamps = np.unique(np.concatenate([dates, wanted[valid]]))
+    stamps = np.sort(np.concatenate([dates, wanted[valid]]))  # distinct, sorted (np.unique hashes: slower)
+    stamps = stamps[np.r_[True, stamps[1:] != stamps[:-1]]]
     scale = np.int64(len(stamps) + 1)
     combined = keys * scale + np.searchsorted(stamps, dates)
     asked = keys * scale + np.searchsorted(stamps, np.where(valid, wanted, stamps[-1] if len(stamps) else wanted))
@@ -275,7 +276,7 @@ def daily_smooth(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec: 
     return smooth_values(keys[cuts], daily, float(spec.factor))[day_of_row]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity
 class HistoryTail:
     """The last rows of each group a fitted model keeps for its lag and rolling columns (as mlforecast's
     ``keep_last_n``): the rows within their reach back (`lookback`) of the group's last date, their date (int64
