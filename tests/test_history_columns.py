@@ -453,3 +453,23 @@ def test_parquet_reads_the_split_s_days_widened_by_the_lookback(compose_cfg, sit
     csv = run(compose_cfg(*LAG_RUN, f"data.path={sites_files['csv']}"))
     for name in METRICS:
         assert parquet.metrics[name] == pytest.approx(csv.metrics[name], rel=1e-9), name
+
+
+def test_the_file_columns_read_and_a_sharded_run_s_refusal(compose_cfg):
+    """A history column's source is a file column the run must read, unless it is an earlier derived column; a
+    run sharded over Ray refuses ``over: table`` as a streamed one does (`require_streamable`)."""
+    from tamrun.config.load import typed_config
+    from tamrun.data.derive import derived_sources
+    from tamrun.errors import ConfigError
+    from tamrun.jobs.shard import require_shardable
+
+    required, _ = derived_sources({"kelvin": DerivedColumn(kind="expr", expr="temperature + 273.15"),
+                                   "k1": DerivedColumn(kind="lag", column="kelvin", by="1D"),
+                                   "d1": DerivedColumn(kind="lag", column="load", by="1D"),
+                                   "s": DerivedColumn(kind="smooth", column="temperature", factor=0.9)})
+    assert required == {"data.derived.d1.column": "load", "data.derived.s.column": "temperature"}
+    config, specs = typed_config(compose_cfg("+data.derived.s={kind: smooth, column: temperature, factor: 0.9, "
+                                             "over: table}"))
+    with pytest.raises(ConfigError, match=r"data.derived.s.over='table': shard.over=ray fits chunks of groups as tasks "
+                                          r"of a Ray cluster, but a column over the whole table reads every group's"):
+        require_shardable(config, specs)
