@@ -108,8 +108,9 @@ class DataRecipe:
 
     def sources(self, column: str, available: Iterable[str]) -> List[str]:
         """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
-        index, an ``isin``'s column, the names an expression mentions that are in ``available``; a history
-        column itself (`tamrun.data.history`: it reads earlier rows, which the model does not keep)."""
+        index, an ``isin``'s column, the names an expression mentions that are in ``available``; for a history
+        column (`tamrun.data.history`: it reads earlier rows), none when the kept ``tail`` holds its source (the
+        tail and the rows sent give it), else the column itself, given as such."""
         spec = self.derived.get(column)
         if spec is None:
             return [column]
