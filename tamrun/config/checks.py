@@ -13,14 +13,14 @@ from typing import Any, List, Mapping
 
 from tamrun.config.calendar import check_calendar
 from tamrun.config.ranges import MACHINE_CLASS, SETTINGS, check_numbers, check_size, cli_text
-from tamrun.config.schema import (AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName, PenaltyMode, ShardOver,
-                                  schema_default)
+from tamrun.config.schema import (HISTORY_KINDS, AdaptiveMethod, Config, DataSource, DType, IntervalMethod, ModeName,
+                                  PenaltyMode, ShardOver, schema_default)
 from tamrun.config.expr import parse_expression
-from tamrun.config.offsets import check_backtest
+from tamrun.config.offsets import check_backtest, check_history
 from tamrun.config.secret_sources import check_no_secret
 from tamrun.errors import ConfigError
 
-_DERIVED_KINDS = ("time_index", "isin", "expr", "calendar", "holiday")
+_DERIVED_KINDS = ("time_index", "isin", "expr", "calendar", "holiday", *HISTORY_KINDS)
 # The most candidates of one effect's GCV grid (model.gcv.span / model.gcv.step).
 MAX_GCV_GRID = 401
 # Columns of mode=aggregate's predictions table and words of its metrics no expert may be named.
@@ -144,6 +144,7 @@ def _check_data(cfg: Config) -> None:
                      f"set {field}.expr, e.g. 'day_type_week >= 5'")
             parse_expression(f"{field}.expr", derived.expr)  # settings are data: no code before any data
     check_calendar(cfg)
+    check_history(cfg)
 
 
 def _check_adaptive(cfg: Config) -> None:

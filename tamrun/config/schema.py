@@ -172,6 +172,12 @@ class OutlierPolicy(str, Enum):
 # month (1-12), weekend (1.0 on Saturday and Sunday), day_off (1.0 on a weekend or a public holiday of
 # data.holidays).
 CALENDAR_PARTS = ("time_of_day", "hour", "day_of_week", "day_of_year", "week", "month", "weekend", "day_off")
+# The derived kinds that read earlier rows (tamrun/data/history.py), the statistics of a rolling window and of
+# a smooth's day, and the rows a history column reads.
+HISTORY_KINDS = ("lag", "rolling", "smooth")
+ROLLING_STATS = ("mean", "min", "max")
+ROLLING_ALIGNS = ("row", "day")
+HISTORY_OVER = ("group", "table")
 
 
 @dataclass
@@ -184,6 +190,10 @@ class DerivedColumn:
     ``dow >= 5``), checked against an allow-list before it is evaluated (`tamrun.config.expr`);
     kind ``calendar``: the ``part`` of the date (`CALENDAR_PARTS`) in local time; kind ``holiday``: 1.0 on a
     public holiday of data.holidays. ``bridge`` (holiday, and calendar's day_off): bridge days count too.
+    The history kinds (`HISTORY_KINDS`, `tamrun.data.history`) read ``column``'s earlier rows of the same group,
+    in time order: ``lag`` its value at exactly t - ``by``; ``rolling`` the ``stat`` of its rows in a ``window``
+    ending ``gap`` before t (``align: row``) or before the local midnight of t's day (``align: day``);
+    ``smooth`` its exponential smoothing with ``factor`` (per local day under ``daily``).
     """
 
     kind: str = MISSING
@@ -196,6 +206,24 @@ class DerivedColumn:
     # kind holiday, and calendar's day_off: also 1.0 on a bridge day (a working day between a public holiday
     # and a weekend or another holiday: the Friday after a Thursday holiday, the Monday before a Tuesday one).
     bridge: bool = False
+    # The history kinds' durations are pandas offsets: D and W count local calendar days under data.timezone
+    # (the same clock time n days earlier), h, min, s elapsed time. Kind lag: how far back (1D, 7D, 30min).
+    by: Optional[str] = None
+    # Kind rolling: the statistic (one of ROLLING_STATS) of the rows in a window of length ``window`` (1D,
+    # 12h), ending ``gap`` before the row (align: row: rows in [t - gap - window, t - gap)) or ``gap`` before
+    # the local midnight that starts the row's day (align: day: the previous day's level with window 1D).
+    stat: str = "mean"
+    window: Optional[str] = None
+    align: str = "row"
+    gap: str = "0s"
+    # Kind smooth: s_t = factor * s_prev + (1 - factor) * x_t in time order, s_first = x_first (0 <= factor < 1);
+    # ``daily`` (one of ROLLING_STATS): the column's mean, min or max of each local day smoothed day by day,
+    # each row given its own day's value.
+    factor: Optional[float] = None
+    daily: Optional[str] = None
+    # The rows a history column reads: ``group`` (each group of data.group in its own time order) or ``table``
+    # (every row in time order, groups ignored: each date at most once; not streamed nor sharded).
+    over: str = "group"
 
 
 @dataclass

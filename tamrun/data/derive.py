@@ -8,11 +8,12 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 import numpy as np
 import pandas as pd
 
-from tamrun.config.schema import DerivedColumn
+from tamrun.config.schema import HISTORY_KINDS, DerivedColumn
 from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.data.calendar import Calendar, calendar_column
 from tamrun.data.dates import read_dates
 from tamrun.data.file_kind import use_one_of
+from tamrun.data.history import HistoryTail, history_column
 from tamrun.errors import DataError
 
 
@@ -20,7 +21,8 @@ DATE_KINDS = ("time_index", "calendar", "holiday")  # the kinds read from the da
 
 
 def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
-                        origin: Optional[pd.Timestamp] = None, calendar: Optional[Calendar] = None) -> pd.DataFrame:
+                        origin: Optional[pd.Timestamp] = None, calendar: Optional[Calendar] = None,
+                        group: Optional[str] = None) -> pd.DataFrame:
     """Return ``frame`` with each derived column appended, in config order (a new frame; the
     existing columns are shared, copy-on-write, not copied).
 
@@ -28,7 +30,10 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
     ``isin``: 1.0 where ``column`` is one of ``values``; ``expr``: the expression's value as float
     (`tamrun.config.expr`: arithmetic and comparisons on columns and literals, checked before it is evaluated);
     ``calendar`` and ``holiday``: read from the date in local time (`tamrun.data.calendar`, with ``calendar``:
-    the time zone, the country's holidays and the table's step; its step read from ``frame`` when not known).
+    the time zone, the country's holidays and the table's step; its step read from ``frame`` when not known);
+    ``lag``, ``rolling``, ``smooth``: read from ``column``'s earlier rows of the row's group (data.group: ``group``),
+    in time order (`tamrun.data.history`; local days in the calendar's time zone). A derived column may read
+    the ones before it.
     """
     out = frame.copy(deep=False)
     for name, spec in derived.items():
@@ -44,6 +49,9 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             if spec.column not in out.columns:
                 raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(out.columns))
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
+        elif spec.kind in HISTORY_KINDS:
+            timezone = None if calendar is None else calendar.timezone
+            out[name] = history_column(out, spec, field, date_column, group, timezone)
         elif spec.kind in ("calendar", "holiday"):
             if calendar is None or calendar.step_seconds is None:
                 calendar = Calendar.of_table(calendar, out[date_column])
@@ -54,16 +62,21 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
 
 
 def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str], Set[str]]:
-    """The file columns the derived columns read: (config field -> column of each ``isin``, which
-    must exist; the names an ``expr`` mentions, which are read when they are columns). An expression
-    that is not allowed is refused here, before any data is read (`tamrun.config.expr.parse_expression`)."""
+    """The file columns the derived columns read: (config field -> column of each ``isin``, and of each
+    history column unless it reads an earlier derived column: each must exist; the names an ``expr`` mentions,
+    which are read when they are columns). An expression that is not allowed is refused here, before any data
+    is read (`tamrun.config.expr.parse_expression`)."""
     required: Dict[str, str] = {}
     mentioned: Set[str] = set()
+    earlier: Set[str] = set()
     for name, spec in derived.items():
         if spec.kind == "isin" and spec.column:
             required[f"data.derived.{name}.column"] = spec.column
+        elif spec.kind in HISTORY_KINDS and spec.column and spec.column not in earlier:
+            required[f"data.derived.{name}.column"] = spec.column
         elif spec.kind == "expr" and spec.expr:
             mentioned.update(names(parse_expression(f"data.derived.{name}.expr", spec.expr)))
+        earlier.add(name)
     return required, mentioned
 
 
@@ -82,6 +95,7 @@ class DataRecipe:
     date_format: Optional[str] = None  # how the file's dates were read (data.date_format, data.dayfirst):
     dayfirst: bool = False  # a table to predict from is read the same way (`read_dates`)
     calendar: Optional[Calendar] = None  # None: a model saved before calendars (no time zone)
+    tail: Optional[HistoryTail] = None  # each group's last rows for its lag and rolling columns (None: none kept)
 
     @property
     def timezone(self) -> Optional[str]:
@@ -94,7 +108,9 @@ class DataRecipe:
 
     def sources(self, column: str, available: Iterable[str]) -> List[str]:
         """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
-        index, an ``isin``'s column, the names an expression mentions that are in ``available``."""
+        index, an ``isin``'s column, the names an expression mentions that are in ``available``; for a history
+        column (`tamrun.data.history`: it reads earlier rows), none when the kept ``tail`` holds its source (the
+        tail and the rows sent give it), else the column itself, given as such."""
         spec = self.derived.get(column)
         if spec is None:
             return [column]
@@ -102,6 +118,8 @@ class DataRecipe:
             return [self.date_column]
         if spec.kind == "isin":
             return [spec.column]
+        if spec.kind in HISTORY_KINDS:  # read from earlier rows: the kept tail's and those sent, else given as such
+            return [] if self.tail is not None and spec.column in self.tail.values else [column]
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
@@ -124,4 +142,26 @@ class DataRecipe:
             return frame
         if self.date_column in frame.columns:
             frame = frame.assign(**{self.date_column: self.dates(frame)})
-        return add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar)
+        history = {name: spec for name, spec in missing.items() if spec.kind in HISTORY_KINDS}
+        if history and self.tail is not None:
+            out = add_derived_columns(self.tail.before(frame, self.date_column, self.group), missing, self.date_column,
+                                      self.origin, self.calendar, self.group)
+            out = out.iloc[len(out) - len(frame):].set_axis(frame.index)[[*frame.columns, *missing]]
+        else:
+            out = add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group)
+        refuse_no_history(out, history)
+        return out
+
+
+def refuse_no_history(frame: pd.DataFrame, history: Mapping[str, DerivedColumn]) -> None:
+    """`DataError` naming a history column that rows to predict have no value of (their earlier rows are not
+    among them): a forecast is never made from a missing input."""
+    for name, spec in history.items():
+        missing = np.isnan(frame[name].to_numpy(dtype=np.float64))
+        if missing.any():
+            raise DataError(f"data.derived.{name}", spec.column, f"{int(missing.sum())} of the {len(frame)} rows to "
+                            f"predict (first: row {int(np.argmax(missing))}, counted from 0) have no {spec.kind} of "
+                            f"{spec.column!r}: it reads the earlier rows of their group, which are neither among the "
+                            "rows to predict nor among the last rows of its table the model keeps",
+                            f"send those earlier rows with their {spec.column} along, or give the column {name} itself "
+                            "in the rows to predict (the value a run would derive)")

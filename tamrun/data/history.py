@@ -1,0 +1,317 @@
+"""Derived columns that read earlier rows (kinds lag, rolling, smooth), per group in time order.
+
+    lag       the value of ``column`` at exactly t - by in the row's group; NaN when no row has that date
+              (a gap keeps its meaning: this is never "k rows back")
+    rolling   the mean, min or max (``stat``) of the rows of the group in [t - gap - window, t - gap)
+              (align: row), or in [m - gap - window, m - gap), m the local midnight that starts t's day
+              (align: day: with window 1D, the previous day's level); NaN values are skipped, an empty window
+              is NaN
+    smooth    s = factor * s_prev + (1 - factor) * x in time order, s_first = x_first (pandas'
+              ``ewm(alpha=1 - factor, adjust=False)``); a NaN leaves s as it was (``ignore_na=True``) and a
+              gap in time is one step; ``daily``: the column's mean, min or max of each local day smoothed
+              day by day, each row given its own day's value
+
+Durations are `tamrun.config.offsets.Span`: D and W count local calendar days under data.timezone (the same
+clock time n days earlier: 23 or 25 hours across a clock change), h, min and s elapsed time. A local time
+that does not exist (the hour the clocks skip) has no row: its lag is NaN; one that reads twice is its first
+(summer time). A window's bound at such a time moves to the hour after, or to the first of the two.
+
+``over: group`` (default) reads each group of data.group apart; ``over: table`` reads every row in one time
+order (each date at most once). The frame's order is kept: its rows are sorted stably by (group, date) once,
+computed, and put back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+
+from tamrun.config.expr import names, parse_expression
+from tamrun.config.offsets import Span, reach, span
+from tamrun.config.schema import HISTORY_KINDS, DerivedColumn
+from tamrun.data.file_kind import use_one_of
+from tamrun.errors import DataError
+
+UNBOUNDED = pd.Timedelta.max  # the reach of a smooth: every earlier row
+SMOOTH_BLOCK = 128  # time steps a smooth advances at once (one (B, B) product per block)
+
+
+def reads_history(derived: Mapping[str, DerivedColumn]) -> bool:
+    """Whether a derived column reads earlier rows."""
+    return any(spec.kind in HISTORY_KINDS for spec in derived.values())
+
+
+def lookback(derived: Mapping[str, DerivedColumn]) -> Optional[pd.Timedelta]:
+    """How far before the first row it derives the history columns read, as an elapsed time at least as long
+    (the longest column's reach, a column's source's added when it reads an earlier derived column); None: no
+    history column; `UNBOUNDED`: a smooth."""
+    if not reads_history(derived):
+        return None
+    order = list(derived)
+    reaches: Dict[str, pd.Timedelta] = {}
+    for at, (name, spec) in enumerate(derived.items()):
+        sources = [spec.column] if spec.kind in (*HISTORY_KINDS, "isin") else \
+            names(parse_expression(f"data.derived.{name}.expr", spec.expr)) if spec.kind == "expr" else []
+        before = max((reaches.get(source, pd.Timedelta(0)) for source in sources if source in order[:at]),
+                     default=pd.Timedelta(0))
+        own = reach(f"data.derived.{name}", spec) if spec.kind in HISTORY_KINDS else Span()
+        if own is None or before == UNBOUNDED:
+            reaches[name] = UNBOUNDED
+            continue
+        reaches[name] = before + own.bound + (pd.Timedelta(days=1) if spec.kind == "rolling" and spec.align == "day"
+                                              else pd.Timedelta(0))
+    return max(reaches.values())
+
+
+def history_column(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column: str, group: Optional[str],
+                   timezone: Optional[str]) -> np.ndarray:
+    """(n,) float64: the history column ``spec`` of ``frame``'s rows, in their order."""
+    if spec.column not in frame.columns:
+        raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(frame.columns))
+    try:
+        values = frame[spec.column].to_numpy(dtype=np.float64, na_value=np.nan)
+    except (TypeError, ValueError):
+        raise DataError(f"{field}.column", spec.column, f"a {spec.kind} column reads numbers, and this column holds "
+                        "text", "name a numeric column") from None
+    keys, dates = ordered_keys(frame, spec, field, date_column, group)
+    if not len(frame):
+        return np.empty(0)
+    order = np.lexsort((dates, keys))
+    keys, dates, values = keys[order], dates[order], values[order]
+    if spec.kind == "lag":
+        found = lag_values(keys, dates, values, span(f"{field}.by", spec.by), timezone)
+    elif spec.kind == "rolling":
+        found = rolling_values(keys, dates, values, spec, field, timezone)
+    elif spec.daily is not None:
+        found = daily_smooth(keys, dates, values, spec, timezone)
+    else:
+        found = smooth_values(keys, values, float(spec.factor))
+    out = np.empty(len(found))
+    out[order] = found
+    return out
+
+
+def ordered_keys(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column: str,
+                 group: Optional[str]) -> Tuple[np.ndarray, np.ndarray]:
+    """(group codes (n,) int64, dates (n,) datetime64[ns]) of ``frame``'s rows: one code for every row under
+    ``over: table`` (two rows of one date refused) or without data.group."""
+    dates = frame[date_column].to_numpy(dtype="datetime64[ns]")
+    by_group = spec.over != "table" and group is not None and group in frame.columns
+    keys = (pd.factorize(frame[group])[0].astype(np.int64) + 1 if by_group else np.zeros(len(frame), dtype=np.int64))
+    if spec.over == "table":
+        ordered = np.sort(dates)
+        repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+        if len(repeated):
+            raise DataError(f"{field}.over", "table", f"{len(repeated)} row(s) share a date with another (first: "
+                            f"{pd.Timestamp(ordered[repeated[0]])}): the table has no single time order",
+                            f"set {field}.over=group (each group of data.group in its own time order)")
+    return keys, dates
+
+
+def local_clock(dates: np.ndarray, timezone: Optional[str]) -> pd.DatetimeIndex:
+    """The table's dates (naive UTC under ``timezone``) as naive local wall times."""
+    index = pd.DatetimeIndex(dates)
+    return index if timezone is None else index.tz_localize("UTC").tz_convert(timezone).tz_localize(None)
+
+
+def table_clock(local: pd.DatetimeIndex, timezone: Optional[str], exact: bool) -> np.ndarray:
+    """Naive local wall times as the table holds them (naive UTC under ``timezone``): a time that reads twice is
+    its first; one the clocks skip is NaT when ``exact``, else the time after the skipped hour."""
+    if timezone is None:
+        return local.to_numpy(dtype="datetime64[ns]")
+    placed = local.tz_localize(timezone, ambiguous=np.ones(len(local), dtype=bool),
+                               nonexistent="NaT" if exact else "shift_forward")
+    return placed.tz_convert("UTC").tz_localize(None).to_numpy(dtype="datetime64[ns]")
+
+
+def earlier(dates: np.ndarray, reach_back: Span, timezone: Optional[str], exact: bool) -> np.ndarray:
+    """(n,) datetime64[ns]: ``dates`` moved back by ``reach_back``: its days on the local calendar (the same clock
+    time), then its elapsed time (`table_clock`: ``exact``: NaT at a local time that does not exist)."""
+    out = dates
+    if reach_back.days:
+        out = table_clock(local_clock(out, timezone) - pd.Timedelta(days=reach_back.days), timezone, exact)
+    return out - reach_back.elapsed.to_timedelta64()
+
+
+def positions(keys: np.ndarray, dates: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """(n,) for each row, the first position of the sorted (``keys``, ``dates``) at or after (its key,
+    ``wanted``) (n where none; NaT wanted: n)."""
+    valid = ~np.isnat(wanted)
+    stamps = np.sort(np.concatenate([dates, wanted[valid]]))  # distinct, sorted (np.unique hashes: slower)
+    stamps = stamps[np.r_[True, stamps[1:] != stamps[:-1]]]
+    scale = np.int64(len(stamps) + 1)
+    combined = keys * scale + np.searchsorted(stamps, dates)
+    asked = keys * scale + np.searchsorted(stamps, np.where(valid, wanted, stamps[-1] if len(stamps) else wanted))
+    return np.where(valid, np.searchsorted(combined, asked, side="left"), len(dates))
+
+
+def lag_values(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, by: Span, timezone: Optional[str]) -> np.ndarray:
+    """(n,) each sorted row's value at exactly its date - ``by`` in its group (NaN where there is none)."""
+    wanted = earlier(dates, by, timezone, exact=True)
+    at = positions(keys, dates, wanted)
+    inside = np.minimum(at, len(dates) - 1)
+    found = (at < len(dates)) & (keys[inside] == keys) & (dates[inside] == wanted)
+    return np.where(found, values[inside], np.nan)
+
+
+def rolling_values(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec: DerivedColumn, field: str,
+                   timezone: Optional[str]) -> np.ndarray:
+    """(n,) each sorted row's ``spec.stat`` over its window (`rolling` in the module doc)."""
+    end = dates
+    if spec.align == "day":
+        end = table_clock(local_clock(dates, timezone).normalize(), timezone, exact=False)
+    upper = earlier(end, span(f"{field}.gap", spec.gap, zero=True), timezone, exact=False)
+    lower = earlier(upper, span(f"{field}.window", spec.window), timezone, exact=False)
+    lo, hi = positions(keys, dates, lower), positions(keys, dates, upper)
+    if spec.stat == "mean":
+        return window_mean(values, lo, hi)
+    return window_extreme(values, lo, hi, np.fmin if spec.stat == "min" else np.fmax)
+
+
+def window_mean(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """(n,) the mean of the finite ``values[lo:hi]`` of each row (NaN when none)."""
+    finite = np.isfinite(values)
+    count = window_sum(finite.astype(np.float64), lo, hi)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, window_sum(np.where(finite, values, 0.0), lo, hi) / count, np.nan)
+
+
+def window_sum(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """(n,) the sum of each row's ``values[lo:hi]``: the sums of runs of 2^k rows (pairwise), the window's length
+    taken bit by bit from the largest, so that a window's sum reads only its own values (a value outside it
+    never moves it, not even by a rounding)."""
+    length = hi - lo
+    out = np.zeros(len(lo))
+    if not len(values):
+        return out
+    top = int(np.floor(np.log2(max(int(length.max()), 1))))
+    levels = [values]  # levels[k][i]: the sum of values[i:i + 2^k] (as far as the array goes)
+    while len(levels) <= top:
+        half, last = 2 ** (len(levels) - 1), levels[-1]
+        nxt = last.copy()
+        nxt[:len(last) - half] += last[half:]
+        levels.append(nxt)
+    at = lo.copy()
+    for k in range(top, -1, -1):
+        take = (length >> k) & 1 == 1
+        out[take] += levels[k][at[take]]
+        at[take] += 2 ** k
+    return out
+
+
+def window_extreme(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, reduce) -> np.ndarray:
+    """(n,) ``reduce`` (np.fmin, np.fmax: NaN skipped) of each row's ``values[lo:hi]`` (NaN when empty): a sparse
+    table of the reductions over runs of 1, 2, 4 ... rows, up to the longest window, two look-ups a row."""
+    length = hi - lo
+    if not len(values):
+        return np.empty(0)
+    level = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
+    levels = [values]  # levels[k][i]: the reduction of values[i:i + 2^k] (as far as the array goes)
+    while len(levels) <= int(level.max()):
+        half, last = 2 ** (len(levels) - 1), levels[-1]
+        nxt = last.copy()
+        nxt[:len(last) - half] = reduce(last[:len(last) - half], last[half:])
+        levels.append(nxt)
+    table = np.stack(levels)
+    last_row = len(values) - 1
+    found = reduce(table[level, np.minimum(lo, last_row)], table[level, np.clip(hi - 2 ** level, 0, last_row)])
+    return np.where(length > 0, found, np.nan)
+
+
+def smooth_values(keys: np.ndarray, values: np.ndarray, factor: float) -> np.ndarray:
+    """(n,) the exponential smoothing of each group's sorted ``values`` (NaN skipped: the last value carried;
+    NaN before a group's first finite value). Groups advance together, `SMOOTH_BLOCK` steps at a time: a block's
+    values times the (B, B) matrix of weights (1 - factor) factor^(k - j), plus factor^(k + 1) times the state."""
+    n = len(values)
+    finite = np.flatnonzero(np.isfinite(values))
+    smoothed = np.full(n, np.nan)
+    if len(finite):
+        smoothed[finite] = smooth_finite(keys[finite], values[finite], factor)
+    last = np.maximum.accumulate(np.where(np.isfinite(values), np.arange(n), -1)) if n else np.empty(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if n else np.empty(0, np.int64)
+    start = starts[np.searchsorted(starts, np.arange(n), side="right") - 1] if n else starts
+    carried = last >= start
+    return np.where(carried, smoothed[np.maximum(last, 0)], np.nan)
+
+
+def smooth_finite(keys: np.ndarray, values: np.ndarray, factor: float) -> np.ndarray:
+    """(n,) the smoothing of sorted finite ``values`` of groups ``keys`` (`smooth_values`)."""
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    lengths = np.diff(np.r_[starts, len(values)])
+    ranked = np.argsort(-lengths, kind="stable")
+    starts, lengths = starts[ranked], lengths[ranked]
+    steps = np.arange(SMOOTH_BLOCK)
+    weights = np.tril((1.0 - factor) * factor ** np.subtract.outer(steps, steps).clip(0))
+    carry = factor ** (steps + 1)
+    state = values[starts].copy()  # s_{-1} = x_first, so that s_first = x_first
+    out = np.empty(len(values))
+    for first in range(0, int(lengths[0]), SMOOTH_BLOCK):
+        active = int(np.count_nonzero(lengths > first))
+        rows = starts[:active, None] + first + steps
+        inside = steps < (lengths[:active, None] - first)
+        block = np.where(inside, values[np.where(inside, rows, 0)], 0.0)
+        found = block @ weights.T + state[:active, None] * carry
+        out[rows[inside]] = found[inside]
+        state[:active] = found[:, -1]
+    return out
+
+
+def daily_smooth(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec: DerivedColumn,
+                 timezone: Optional[str]) -> np.ndarray:
+    """(n,) each sorted row's day's value of the smoothing, day by day, of its group's ``spec.daily`` of each local
+    day (NaN values skipped)."""
+    days = local_clock(dates, timezone).normalize().to_numpy(dtype="datetime64[ns]")
+    cuts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (days[1:] != days[:-1])])
+    finite = np.isfinite(values)
+    if spec.daily == "mean":
+        counts = np.add.reduceat(finite.astype(np.float64), cuts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            daily = np.where(counts > 0, np.add.reduceat(np.where(finite, values, 0.0), cuts) / counts, np.nan)
+    else:
+        daily = (np.fmin if spec.daily == "min" else np.fmax).reduceat(values, cuts)
+    day_of_row = np.searchsorted(cuts, np.arange(len(values)), side="right") - 1
+    return smooth_values(keys[cuts], daily, float(spec.factor))[day_of_row]
+
+
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class HistoryTail:
+    """The last rows of each group a fitted model keeps for its lag and rolling columns (as mlforecast's
+    ``keep_last_n``): the rows within their reach back (`lookback`) of the group's last date, their date (int64
+    ns, as the table holds it), group (None without data.group) and the values of each source column read from
+    the file. Rows sent to the model are put after them, so that the day after the table gets its history."""
+
+    dates: np.ndarray
+    groups: list
+    values: Dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
+           group: Optional[str]) -> Optional["HistoryTail"]:
+        """The tail of ``frame`` (the table's rows the run scored, derived columns included); None when no lag
+        or rolling column reads a file column (a smooth reads every earlier row: it is not kept)."""
+        kept = {name: spec for name, spec in derived.items() if spec.kind in ("lag", "rolling")}
+        sources = [spec.column for spec in kept.values() if spec.column not in derived and spec.column in frame]
+        reach_back = lookback(kept)
+        if not sources or reach_back is None or not len(frame):
+            return None
+        dates = frame[date_column]
+        last = frame.groupby(group)[date_column].transform("max") if group else dates.max()
+        rows = frame[(dates >= last - reach_back).to_numpy()]
+        return cls(rows[date_column].to_numpy(dtype="datetime64[ns]").astype(np.int64),
+                   rows[group].tolist() if group else [],
+                   {column: rows[column].to_numpy(dtype=np.float64, na_value=np.nan) for column in dict.fromkeys(sources)})
+
+    def before(self, frame: pd.DataFrame, date_column: str, group: Optional[str]) -> pd.DataFrame:
+        """The tail's rows (those whose group and date ``frame`` does not hold) followed by ``frame``'s; the
+        columns of the tail ``frame`` lacks are NaN in its rows."""
+        tail = pd.DataFrame({date_column: self.dates.astype("datetime64[ns]"), **self.values})
+        if group:
+            tail[group] = pd.Series(self.groups, dtype=frame[group].dtype if group in frame else None)
+        keys = [date_column] + ([group] if group else [])
+        frame = frame.assign(**{date_column: frame[date_column].astype("datetime64[ns]")})
+        given = pd.MultiIndex.from_frame(frame[keys]) if len(keys) > 1 else pd.Index(frame[date_column])
+        ours = pd.MultiIndex.from_frame(tail[keys]) if len(keys) > 1 else pd.Index(tail[date_column])
+        return pd.concat([tail[~ours.isin(given)], frame], ignore_index=True)
