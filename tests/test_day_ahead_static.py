@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from tamrun.aggregate.experts import compose_experts
 from tamrun.config.effects import effect_columns
 from tamrun.config.load import typed_config
 from tamrun.config.schema import ModeName
@@ -69,3 +70,18 @@ def test_the_derived_columns_do_not_move_with_the_forecast_day_s_load(compose_cf
     pd.testing.assert_frame_equal(rules.apply(moved)[list(rules.derived)], before)
     lags_moved = rules.apply(frame.assign(Load_d1=frame["Load_d1"] + 100.0))
     assert (lags_moved["lag_change"] - before["lag_change"]).eq(100.0).all()
+
+
+def test_the_aggregate_s_static_expert_brings_its_derived_columns(compose_cfg):
+    """+experiment=day_ahead_aggregate's fourth expert is this static model (mode=run): the run's data does not
+    declare the derived columns it reads, the expert's composition adds them, and the Kalman experts' data stays
+    the run's."""
+    cfg = compose_cfg("+experiment=day_ahead_aggregate")
+    config, _ = typed_config(cfg)
+    experts = {expert.name: expert for expert in compose_experts(cfg, config)}
+    static = experts["static_day_ahead"].config
+    assert static.mode.name == ModeName.run and static.model.name == "static_day_ahead"
+    assert not {"lag_change", "temperature_change"} & set(config.data.derived)
+    assert {"lag_change", "temperature_change"} <= set(static.data.derived)
+    assert set(experts["kalman_spline_lags"].config.data.derived) == set(config.data.derived)
+    assert static.split == config.split  # the run's split: fitted on 2013-2022 for 2023, refitted for 2024

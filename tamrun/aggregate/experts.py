@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Tuple
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from tamrun.config.load import config_dir, typed_config
@@ -96,11 +96,17 @@ def compose_overrides(name: str, overrides: List[str]) -> DictConfig:
 
 
 def compose_expert(run_cfg: DictConfig, name: str, spec: ExpertConfig) -> Expert:
-    """Expert ``name``: its preset, mode and overrides composed, then the run's `SHARED` settings, without
+    """Expert ``name``: its preset, mode and overrides composed, then the run's `SHARED` settings (plus the
+    derived columns its preset declares that the run's data lacks: the run's win on a shared name), without
     tracking of its own; typed and checked like a run's config (errors name the expert)."""
     composed = compose_overrides(name, [f"model={spec.model}", f"mode={spec.mode.value}", *spec.overrides])
+    own_derived = copy.deepcopy(composed.data.derived)
     for key in SHARED:
         composed[key] = copy.deepcopy(run_cfg[key])
+    with open_dict(composed.data.derived):
+        for column, derived in own_derived.items():
+            if column not in composed.data.derived:
+                composed.data.derived[column] = derived
     composed.tracking.enabled = False
     mode, method = (getattr(value, "value", str(value)) for value in (composed.mode.name, composed.adaptive.method))
     if mode not in (ModeName.run.value, ModeName.adaptive.value) or (
