@@ -189,13 +189,13 @@ def test_selected_experts_are_chosen_on_the_validation_period_and_aggregate_as_a
 
 
 def test_the_packaged_experiments_compose_every_expert_with_the_runs_split(compose_cfg):
-    """+experiment=day_ahead_aggregate (the three experts kept on 2023) and its pool (the ten of conf/expert/):
-    every expert composes with the run's validation year; the pool's ten experts form six families."""
-    for experiment, count, families_count in (("day_ahead_aggregate", 3, 3), ("day_ahead_aggregate_pool", 10, 6)):
+    """+experiment=day_ahead_aggregate (the four experts kept on 2023) and its pool (the eleven of conf/expert/):
+    every expert composes with the run's validation year; the pool's eleven experts form seven families."""
+    for experiment, count, families_count in (("day_ahead_aggregate", 4, 4), ("day_ahead_aggregate_pool", 11, 7)):
         cfg = compose_cfg(f"+experiment={experiment}")
         config, _ = typed_config(cfg)
         experts = compose_experts(cfg, config)
-        assert len(experts) == count and config.aggregate.select_experts == (count == 10)
+        assert len(experts) == count and config.aggregate.select_experts == (count == 11)
         assert {e.config.split.validation_start for e in experts} == {"2023-01-01"}
         assert all(not e.config.tracking.enabled for e in experts)
         assert len(families(experts)) == families_count
@@ -212,7 +212,7 @@ def test_day_ahead_aggregate_beats_1000_mw_and_its_best_expert_on_2024(compose_c
     metrics = by_name(info.data.metrics)
     assert metrics["rmse_test"] <= 1000.0 and metrics["rmse_test"] < metrics["rmse_test_best_expert"]
     assert metrics["rmse_validation"] < metrics["rmse_validation_best_expert"]
-    assert metrics["aggregate_experts"] == 3
+    assert metrics["aggregate_experts"] == 4
     for level in (80, 95):  # the intervals: calibrated on 2023, adapted online over 2024 from past days only
         assert abs(metrics[f"coverage_{level}_test"] - level) <= 2.0
         assert metrics[f"width_{level}_test"] < metrics[f"width_{level}_test_naive"]

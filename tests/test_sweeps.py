@@ -192,10 +192,10 @@ def test_the_penalty_search_tunes_on_a_validation_year_before_the_test_year():
 def test_help_lists_the_groups_the_experiment_and_the_launchers(tmp_path):
     done = tamrun("--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    for line in ("experiment: day_ahead, day_ahead_aggregate, day_ahead_aggregate_pool, tune_penalties",
+    for line in ("experiment: day_ahead, day_ahead_aggregate, day_ahead_aggregate_pool, day_ahead_static, tune_penalties",
                  "mode: adaptive, aggregate, backtest, plan, run",
                  "model: calendar, custom, forest, forest_big, forest_fourier, fourier, fourier_holidays, fourier_lags, spline, "
-                 "spline_holidays, spline_lags",
+                 "spline_holidays, spline_lags, static_day_ahead",
                  "hydra/launcher=parallel|slurm|ray_cluster|submitit_local", "docs/sweeps.md"):
         assert line in done.stdout, done.stdout[:2000]
 

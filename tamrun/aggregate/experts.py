@@ -17,9 +17,10 @@ from typing import Any, Dict, List, Tuple
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from tamrun.config.effects import effect_columns, parse_effects
 from tamrun.config.load import config_dir, typed_config
 from tamrun.config.schema import AdaptiveMethod, Config, ExpertConfig, KalmanState, ModeName
 from tamrun.config.store import register_configs
@@ -95,12 +96,28 @@ def compose_overrides(name: str, overrides: List[str]) -> DictConfig:
                           "give a model preset of conf/model/ and overrides as on the command line") from None
 
 
+def read_derived(composed: DictConfig) -> Dict[str, Any]:
+    """The derived columns of an expert's composed config that its effects read (those its model preset
+    declares, as static_day_ahead's); none when its effects do not parse (`typed_config` then names the error)."""
+    try:
+        columns = set(effect_columns(parse_effects(composed.model.effects)).values())
+    except ConfigError:
+        return {}
+    return {name: copy.deepcopy(node) for name, node in composed.data.derived.items() if name in columns}
+
+
 def compose_expert(run_cfg: DictConfig, name: str, spec: ExpertConfig) -> Expert:
-    """Expert ``name``: its preset, mode and overrides composed, then the run's `SHARED` settings, without
+    """Expert ``name``: its preset, mode and overrides composed, then the run's `SHARED` settings (plus the
+    derived columns its effects read that the run's data lacks: the run's win on a shared name), without
     tracking of its own; typed and checked like a run's config (errors name the expert)."""
     composed = compose_overrides(name, [f"model={spec.model}", f"mode={spec.mode.value}", *spec.overrides])
+    own_derived = read_derived(composed)
     for key in SHARED:
         composed[key] = copy.deepcopy(run_cfg[key])
+    with open_dict(composed.data.derived):
+        for column, derived in own_derived.items():
+            if column not in composed.data.derived:
+                composed.data.derived[column] = derived
     composed.tracking.enabled = False
     mode, method = (getattr(value, "value", str(value)) for value in (composed.mode.name, composed.adaptive.method))
     if mode not in (ModeName.run.value, ModeName.adaptive.value) or (
