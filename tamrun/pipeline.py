@@ -19,8 +19,8 @@ import pandas as pd
 import torch
 
 from tamrun.config.effects import effect_columns
-from tamrun.config.schema import (AdaptiveMethod, CheckPolicy, Config, DataConfig, DType, ModeName, PenaltyMode,
-                                  TrackingConfig)
+from tamrun.config.schema import (HISTORY_KINDS, AdaptiveMethod, CheckPolicy, Config, DataConfig, DType, ModeName,
+                                  PenaltyMode, TrackingConfig)
 from tamrun.data.batch import GroupedBatch, build_batch
 from tamrun.data.cells import check_magnitudes
 from tamrun.data.chunks import GroupChunk
@@ -29,9 +29,10 @@ from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_
                                  drop_missing_groups, enforce)
 from tamrun.data.calendar import Calendar
 from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
+from tamrun.data.history import HistoryTail, lookback, reads_history
 from tamrun.data.load import frame_bytes, read_table
 from tamrun.data.parquet import DateWindow
-from tamrun.data.split import carve_validation, split_by_date
+from tamrun.data.split import carve_validation, in_periods, split_by_date
 from tamrun.device.manager import DeviceManager
 from tamrun.effects.crossing import ForestCrossingEffect
 from tamrun.effects.design import AdditiveDesign, needed_columns
@@ -76,28 +77,43 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     only its groups (a streamed run, `tamrun.jobs.stream`)."""
     data = config.data
     numeric = model_columns(config, specs)
-    loaded = read_table(data, *file_columns(data, numeric), room=room,
-                        window=DateWindow.of(config.split, data.timezone), chunk=chunk)
+    loaded = read_table(data, *file_columns(data, numeric), room=room, window=read_window(config), chunk=chunk)
     frame = loaded.frame
     room("deriving and checking the data", "check", frame_bytes(frame))
     calendar = Calendar.of(data, frame[data.date_column])
-    frame = add_derived_columns(frame, data.derived, data.date_column, loaded.origin, calendar, data.group)
+    origin = loaded.origin if loaded.origin is not None else frame[data.date_column].min()  # before any row is dropped
+    frame = add_derived_columns(frame, data.derived, data.date_column, origin, calendar, data.group)
+    if reads_history(data.derived):  # the rows outside the periods were read as history only
+        frame = frame[in_periods(frame, config.split, data.date_column, data.timezone).to_numpy()]
     check_table(frame, numeric, data.group, data.date_column)
-    frame = apply_nan_policy(frame, numeric, data.nan_policy)
+    frame = apply_nan_policy(frame, numeric, data.nan_policy, history_hints(data))
     check_magnitudes(frame, {f: c for f, c in numeric.items() if f != "data.target"}, data.date_column, data.group)
     frame = drop_missing_groups(frame, data.group, data.nan_policy)
     check_duplicate_dates(frame, data.date_column, data.group, data.duplicate_dates, data.timezone)
     frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)
     check_target_leakage(frame, effect_columns(specs), data.target)
-    recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group,
-                        loaded.origin if loaded.origin is not None else frame[data.date_column].min() if len(frame)
-                        else None, data.date_format, data.dayfirst, calendar)
+    recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group, origin, data.date_format,
+                        data.dayfirst, calendar, HistoryTail.of(frame, data.derived, data.date_column, data.group))
     room("splitting the data", "split", frame_bytes(frame))
     train, test = split_by_date(frame, config.split, data.date_column, data.timezone)
     check_constant_columns(train, effect_columns(specs), data.constant_features)
     check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
     train, validation = carve_validation(train, config.split, data.date_column, data.timezone)
     return Splits(train, test, validation, recipe)
+
+
+def read_window(config: Config) -> DateWindow:
+    """The days a run reads: the split's periods, each widened by the derived columns' reach back
+    (`tamrun.data.history.lookback`)."""
+    return DateWindow.of(config.split, config.data.timezone).widened(lookback(config.data.derived))
+
+
+def history_hints(data: DataConfig) -> Dict[str, str]:
+    """The fix a NaN of each history column calls for: its rows before the reach of the first one have none."""
+    return {name: f"data.derived.{name} reads earlier rows, and these rows have none (the first rows of a group, "
+                  "a gap, the hour after a skipped one): set data.nan_policy=drop to drop them, or start "
+                  "split.train_start later"
+            for name, spec in data.derived.items() if spec.kind in HISTORY_KINDS}
 
 
 def model_columns(config: Config, specs: Dict[str, Any]) -> Dict[str, str]:

@@ -25,7 +25,8 @@ from tamrun.config.schema import Config
 MAPPING_ENTRIES = {
     "data.derived": ['{kind: expr, expr: "temperature - 273.15"}',
                      "{kind: isin, column: day_type_jf, values: [1]}",
-                     "{kind: time_index, unit: h}"],
+                     "{kind: time_index, unit: h}",
+                     "{kind: lag, column: Load, by: 1D}"],
     "model.effects": ["{kind: linear, column: Load_d7}",
                       "{kind: crossing, left: {kind: fourier, column: toy}, right: {kind: linear, column: Load_d7}}"],
     "aggregate.experts": ["{model: spline}",

@@ -34,6 +34,7 @@ OFFSET_EXAMPLES = "a pandas offset of whole days such as 7D, 1W or 1MS"
 SPAN_EXAMPLES = "a pandas offset of days or time such as 1D, 7D, 1W, 12h or 30min"
 ONE_DAY = pd.Timedelta(days=1)
 LONGEST_DAY = pd.Timedelta(hours=25)  # a local day's length at most (the day the clocks go back)
+OWN_FIELDS = {"by": "lag", "window": "rolling", "factor": "smooth", "daily": "smooth"}  # fields of one kind alone
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,13 @@ def check_history(cfg: Config) -> None:
     alignment, factor, ``over``; and none that reads the target of its own row's day (`target_view`)."""
     derived, target, timezone = cfg.data.derived, cfg.data.target, cfg.data.timezone
     for name, spec in derived.items():
+        field = f"data.derived.{name}"
+        for key, kind in OWN_FIELDS.items():
+            if getattr(spec, key) is not None and spec.kind != kind:
+                raise ConfigError(f"{field}.{key}", getattr(spec, key), f"a {spec.kind} column has no {key} (a field "
+                                  f"of kind {kind})", f"remove {field}.{key}, or set {field}.kind={kind}")
         if spec.kind not in HISTORY_KINDS:
             continue
-        field = f"data.derived.{name}"
         if not spec.column:
             raise ConfigError(f"{field}.column", spec.column, f"a {spec.kind} column reads a column",
                               f"set {field}.column to the column it reads (e.g. {field}.column={target})")

@@ -26,8 +26,10 @@ def check_table(frame: pd.DataFrame, numeric: Mapping[str, str], group: Optional
     require_numeric(frame, numeric, date_column, group)
 
 
-def apply_nan_policy(frame: pd.DataFrame, columns: Mapping[str, str], policy: NanPolicy) -> pd.DataFrame:
-    """Refuse (``error``) or drop (``drop``) rows with NaN or infinite values in the used columns."""
+def apply_nan_policy(frame: pd.DataFrame, columns: Mapping[str, str], policy: NanPolicy,
+                     hints: Optional[Mapping[str, str]] = None) -> pd.DataFrame:
+    """Refuse (``error``) or drop (``drop``) rows with NaN or infinite values in the used columns (``hints``:
+    column -> the fix a refusal names, for the columns whose NaN have a cause of their own)."""
     used = list(dict.fromkeys(columns.values()))
     values = frame[used].to_numpy(dtype=np.float64)
     bad_rows = ~np.isfinite(values).all(axis=1)
@@ -45,8 +47,8 @@ def apply_nan_policy(frame: pd.DataFrame, columns: Mapping[str, str], policy: Na
     worst = int(np.argmax(counts))
     field = next(f for f, c in columns.items() if c == used[worst])
     raise DataError(field, used[worst], f"{int(counts[worst])} row(s) hold NaN or inf in this column "
-                    f"({int(bad_rows.sum())} row(s) in all used columns)",
-                    "clean the data, or set data.nan_policy=drop to drop those rows")
+                    f"({int(bad_rows.sum())} row(s) in all used columns)", (hints or {}).get(
+                        used[worst], "clean the data, or set data.nan_policy=drop to drop those rows"))
 
 
 def plain(value):

@@ -13,7 +13,7 @@ from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.data.calendar import Calendar, calendar_column
 from tamrun.data.dates import read_dates
 from tamrun.data.file_kind import use_one_of
-from tamrun.data.history import history_column
+from tamrun.data.history import HistoryTail, history_column
 from tamrun.errors import DataError
 
 
@@ -93,6 +93,7 @@ class DataRecipe:
     date_format: Optional[str] = None  # how the file's dates were read (data.date_format, data.dayfirst):
     dayfirst: bool = False  # a table to predict from is read the same way (`read_dates`)
     calendar: Optional[Calendar] = None  # None: a model saved before calendars (no time zone)
+    tail: Optional[HistoryTail] = None  # each group's last rows for its lag and rolling columns (None: none kept)
 
     @property
     def timezone(self) -> Optional[str]:
@@ -105,7 +106,9 @@ class DataRecipe:
 
     def sources(self, column: str, available: Iterable[str]) -> List[str]:
         """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
-        index, an ``isin``'s column, the names an expression mentions that are in ``available``."""
+        index, an ``isin``'s column, the names an expression mentions that are in ``available``; for a history
+        column (`tamrun.data.history`: it reads earlier rows), none when the kept ``tail`` holds its source (the
+        tail and the rows sent give it), else the column itself, given as such."""
         spec = self.derived.get(column)
         if spec is None:
             return [column]
@@ -113,8 +116,8 @@ class DataRecipe:
             return [self.date_column]
         if spec.kind == "isin":
             return [spec.column]
-        if spec.kind in HISTORY_KINDS:
-            return [self.date_column, spec.column]
+        if spec.kind in HISTORY_KINDS:  # read from earlier rows: the kept tail's and those sent, else given as such
+            return [] if self.tail is not None and spec.column in self.tail.values else [column]
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
@@ -137,4 +140,26 @@ class DataRecipe:
             return frame
         if self.date_column in frame.columns:
             frame = frame.assign(**{self.date_column: self.dates(frame)})
-        return add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group)
+        history = {name: spec for name, spec in missing.items() if spec.kind in HISTORY_KINDS}
+        if history and self.tail is not None:
+            out = add_derived_columns(self.tail.before(frame, self.date_column, self.group), missing, self.date_column,
+                                      self.origin, self.calendar, self.group)
+            out = out.iloc[len(out) - len(frame):].set_axis(frame.index)[[*frame.columns, *missing]]
+        else:
+            out = add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group)
+        refuse_no_history(out, history)
+        return out
+
+
+def refuse_no_history(frame: pd.DataFrame, history: Mapping[str, DerivedColumn]) -> None:
+    """`DataError` naming a history column that rows to predict have no value of (their earlier rows are not
+    among them): a forecast is never made from a missing input."""
+    for name, spec in history.items():
+        missing = np.isnan(frame[name].to_numpy(dtype=np.float64))
+        if missing.any():
+            raise DataError(f"data.derived.{name}", spec.column, f"{int(missing.sum())} of the {len(frame)} rows to "
+                            f"predict (first: row {int(np.argmax(missing))}, counted from 0) have no {spec.kind} of "
+                            f"{spec.column!r}: it reads the earlier rows of their group, which are neither among the "
+                            "rows to predict nor among the last rows of its table the model keeps",
+                            f"send those earlier rows with their {spec.column} along, or give the column {name} itself "
+                            "in the rows to predict (the value a run would derive)")

@@ -23,11 +23,13 @@ computed, and put back.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 
+from tamrun.config.expr import names, parse_expression
 from tamrun.config.offsets import Span, reach, span
 from tamrun.config.schema import HISTORY_KINDS, DerivedColumn
 from tamrun.data.file_kind import use_one_of
@@ -44,17 +46,24 @@ def reads_history(derived: Mapping[str, DerivedColumn]) -> bool:
 
 def lookback(derived: Mapping[str, DerivedColumn]) -> Optional[pd.Timedelta]:
     """How far before the first row it derives the history columns read, as an elapsed time at least as long
-    (the sum of their reaches: one column may read another); None: no history column; `UNBOUNDED`: a smooth."""
-    total = None
-    for name, spec in derived.items():
-        if spec.kind not in HISTORY_KINDS:
+    (the longest column's reach, a column's source's added when it reads an earlier derived column); None: no
+    history column; `UNBOUNDED`: a smooth."""
+    if not reads_history(derived):
+        return None
+    order = list(derived)
+    reaches: Dict[str, pd.Timedelta] = {}
+    for at, (name, spec) in enumerate(derived.items()):
+        sources = [spec.column] if spec.kind in (*HISTORY_KINDS, "isin") else \
+            names(parse_expression(f"data.derived.{name}.expr", spec.expr)) if spec.kind == "expr" else []
+        before = max((reaches.get(source, pd.Timedelta(0)) for source in sources if source in order[:at]),
+                     default=pd.Timedelta(0))
+        own = reach(f"data.derived.{name}", spec) if spec.kind in HISTORY_KINDS else Span()
+        if own is None or before == UNBOUNDED:
+            reaches[name] = UNBOUNDED
             continue
-        found = reach(f"data.derived.{name}", spec)
-        if found is None:
-            return UNBOUNDED
-        total = (total or pd.Timedelta(0)) + found.bound + (pd.Timedelta(days=1) if spec.align == "day" else
-                                                             pd.Timedelta(0))
-    return total
+        reaches[name] = before + own.bound + (pd.Timedelta(days=1) if spec.kind == "rolling" and spec.align == "day"
+                                              else pd.Timedelta(0))
+    return max(reaches.values())
 
 
 def history_column(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column: str, group: Optional[str],
@@ -131,7 +140,8 @@ def positions(keys: np.ndarray, dates: np.ndarray, wanted: np.ndarray) -> np.nda
     """(n,) for each row, the first position of the sorted (``keys``, ``dates``) at or after (its key,
     ``wanted``) (n where none; NaT wanted: n)."""
     valid = ~np.isnat(wanted)
-    stamps = np.unique(np.concatenate([dates, wanted[valid]]))
+    stamps = np.sort(np.concatenate([dates, wanted[valid]]))  # distinct, sorted (np.unique hashes: slower)
+    stamps = stamps[np.r_[True, stamps[1:] != stamps[:-1]]]
     scale = np.int64(len(stamps) + 1)
     combined = keys * scale + np.searchsorted(stamps, dates)
     asked = keys * scale + np.searchsorted(stamps, np.where(valid, wanted, stamps[-1] if len(stamps) else wanted))
@@ -162,15 +172,34 @@ def rolling_values(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec
 
 
 def window_mean(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """(n,) the mean of the finite ``values[lo:hi]`` of each row (NaN when none), from cumulative sums of the
-    values less their mean (so that the sums stay small)."""
+    """(n,) the mean of the finite ``values[lo:hi]`` of each row (NaN when none)."""
     finite = np.isfinite(values)
-    centre = float(values[finite].mean()) if finite.any() else 0.0
-    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values - centre, 0.0))])
-    counts = np.concatenate([[0], np.cumsum(finite)])
-    count = counts[hi] - counts[lo]
+    count = window_sum(finite.astype(np.float64), lo, hi)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, (sums[hi] - sums[lo]) / count + centre, np.nan)
+        return np.where(count > 0, window_sum(np.where(finite, values, 0.0), lo, hi) / count, np.nan)
+
+
+def window_sum(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """(n,) the sum of each row's ``values[lo:hi]``: the sums of runs of 2^k rows (pairwise), the window's length
+    taken bit by bit from the largest, so that a window's sum reads only its own values (a value outside it
+    never moves it, not even by a rounding)."""
+    length = hi - lo
+    out = np.zeros(len(lo))
+    if not len(values):
+        return out
+    top = int(np.floor(np.log2(max(int(length.max()), 1))))
+    levels = [values]  # levels[k][i]: the sum of values[i:i + 2^k] (as far as the array goes)
+    while len(levels) <= top:
+        half, last = 2 ** (len(levels) - 1), levels[-1]
+        nxt = last.copy()
+        nxt[:len(last) - half] += last[half:]
+        levels.append(nxt)
+    at = lo.copy()
+    for k in range(top, -1, -1):
+        take = (length >> k) & 1 == 1
+        out[take] += levels[k][at[take]]
+        at[take] += 2 ** k
+    return out
 
 
 def window_extreme(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, reduce) -> np.ndarray:
@@ -245,3 +274,44 @@ def daily_smooth(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec: 
         daily = (np.fmin if spec.daily == "min" else np.fmax).reduceat(values, cuts)
     day_of_row = np.searchsorted(cuts, np.arange(len(values)), side="right") - 1
     return smooth_values(keys[cuts], daily, float(spec.factor))[day_of_row]
+
+
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class HistoryTail:
+    """The last rows of each group a fitted model keeps for its lag and rolling columns (as mlforecast's
+    ``keep_last_n``): the rows within their reach back (`lookback`) of the group's last date, their date (int64
+    ns, as the table holds it), group (None without data.group) and the values of each source column read from
+    the file. Rows sent to the model are put after them, so that the day after the table gets its history."""
+
+    dates: np.ndarray
+    groups: list
+    values: Dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
+           group: Optional[str]) -> Optional["HistoryTail"]:
+        """The tail of ``frame`` (the table's rows the run scored, derived columns included); None when no lag
+        or rolling column reads a file column (a smooth reads every earlier row: it is not kept)."""
+        kept = {name: spec for name, spec in derived.items() if spec.kind in ("lag", "rolling")}
+        sources = [spec.column for spec in kept.values() if spec.column not in derived and spec.column in frame]
+        reach_back = lookback(kept)
+        if not sources or reach_back is None or not len(frame):
+            return None
+        dates = frame[date_column]
+        last = frame.groupby(group)[date_column].transform("max") if group else dates.max()
+        rows = frame[(dates >= last - reach_back).to_numpy()]
+        return cls(rows[date_column].to_numpy(dtype="datetime64[ns]").astype(np.int64),
+                   rows[group].tolist() if group else [],
+                   {column: rows[column].to_numpy(dtype=np.float64, na_value=np.nan) for column in dict.fromkeys(sources)})
+
+    def before(self, frame: pd.DataFrame, date_column: str, group: Optional[str]) -> pd.DataFrame:
+        """The tail's rows (those whose group and date ``frame`` does not hold) followed by ``frame``'s; the
+        columns of the tail ``frame`` lacks are NaN in its rows."""
+        tail = pd.DataFrame({date_column: self.dates.astype("datetime64[ns]"), **self.values})
+        if group:
+            tail[group] = pd.Series(self.groups, dtype=frame[group].dtype if group in frame else None)
+        keys = [date_column] + ([group] if group else [])
+        frame = frame.assign(**{date_column: frame[date_column].astype("datetime64[ns]")})
+        given = pd.MultiIndex.from_frame(frame[keys]) if len(keys) > 1 else pd.Index(frame[date_column])
+        ours = pd.MultiIndex.from_frame(tail[keys]) if len(keys) > 1 else pd.Index(tail[date_column])
+        return pd.concat([tail[~ours.isin(given)], frame], ignore_index=True)

@@ -125,6 +125,17 @@ class DateWindow:
         return cls(((day(split.train_start), day(split.train_end)), (day(split.test_start), day(split.test_end))),
                    timezone)
 
+    def widened(self, reach: Optional[pd.Timedelta]) -> "DateWindow":
+        """The window with each period starting ``reach`` earlier (whole days, one more for the day a UTC date
+        may lie apart from its local one), so that the history columns of a period's first rows find their
+        earlier rows (`tamrun.data.history.lookback`; None: as it is; `UNBOUNDED`: no lower bound). The split
+        drops the rows read before a period: they are only history."""
+        if reach is None:
+            return self
+        days = None if reach == pd.Timedelta.max else pd.Timedelta(days=int(np.ceil(reach / ONE_DAY)) + 1)
+        return DateWindow(tuple((None if start is None or days is None else start - days, end)
+                                for start, end in self.periods), self.timezone)
+
     @property
     def lower(self) -> Optional[pd.Timestamp]:
         """The earliest day read (None: no lower bound)."""

@@ -31,6 +31,15 @@ def _between(dates: pd.Series, start: Optional[pd.Timestamp], end: Optional[pd.T
     return keep
 
 
+def in_periods(frame: pd.DataFrame, cfg: SplitConfig, date_column: str, timezone: Optional[str] = None) -> pd.Series:
+    """Whether each row lies in the training or the test period (the others were read only as the history of
+    derived columns, `tamrun.data.history`)."""
+    dates = frame[date_column]
+    periods = [(_day(getattr(cfg, f"{name}_start"), f"split.{name}_start"),
+                _day(getattr(cfg, f"{name}_end"), f"split.{name}_end")) for name in ("train", "test")]
+    return _between(dates, *periods[0], timezone) | _between(dates, *periods[1], timezone)
+
+
 def split_by_date(frame: pd.DataFrame, cfg: SplitConfig, date_column: str,
                   timezone: Optional[str] = None) -> Tuple[pd.DataFrame, pd.DataFrame]:
     """Return (train, test): train_start <= day <= train_end, test_start <= day <= test_end (local days of

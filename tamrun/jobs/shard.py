@@ -31,13 +31,14 @@ import pandas as pd
 from tamrun.config.schema import Config, ShardConfig
 from tamrun.data.chunks import GroupChunk
 from tamrun.data.load import table_path
-from tamrun.data.parquet import DateWindow, is_parquet
+from tamrun.data.parquet import is_parquet
 from tamrun.data.scan import scan_table
 from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError, TamrunError
 from tamrun.jobs.result import RunResult
 from tamrun.jobs.stream import PredictionSink, StreamPlan, StreamTotals, require_streamable, stream_job, stream_plan
 from tamrun.memory.oracle import ChunkPlan
+from tamrun.pipeline import read_window
 from tamrun.tracking.mlflow_run import TrackedRun
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def shard_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager, cl
     streamed = stream_plan(config, specs, devices)
     path = table_path(config.data)
     scan = streamed.scan if streamed is not None else scan_table(path, is_parquet(path), config.data,
-                                                                 DateWindow.of(config.split, config.data.timezone))
+                                                                 read_window(config))
     groups = config.shard.groups_per_task or math.ceil(len(scan.groups) / (TASKS_PER_CPU * max(1, cluster_cpus)))
     if streamed is not None:
         groups = min(groups, streamed.chunk.groups)

@@ -41,7 +41,7 @@ from tamrun.config.schema import Config, ModeName, PenaltyMode
 from tamrun.data.chunks import GroupChunk, TableScan
 from tamrun.data.file_kind import sniff
 from tamrun.data.load import read_header, table_path
-from tamrun.data.parquet import DateWindow, arrow_errors, is_parquet, parquet_dataset
+from tamrun.data.parquet import arrow_errors, is_parquet, parquet_dataset
 from tamrun.data.scan import scan_table
 from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError
@@ -59,7 +59,7 @@ from tamrun.machine.limits import binding_limit
 from tamrun.memory.oracle import ChunkPlan, MemoryOracle
 from tamrun.config.units import format_size
 from tamrun.numbers import significant
-from tamrun.pipeline import numerical_fix, read_columns, support_fix
+from tamrun.pipeline import numerical_fix, read_columns, read_window, support_fix
 from tamrun.solve.stats import FitStats
 from tamrun.tracking.mlflow_run import TrackedRun
 
@@ -146,7 +146,7 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
         return None
     if refusal is not None and data.group in data.derived:  # its groups are not a column of the file to scan
         raise refusal
-    scan = scan_table(path, parquet, data, DateWindow.of(config.split, data.timezone))
+    scan = scan_table(path, parquet, data, read_window(config))
     release_chunk()  # what the scan read
     row_bytes = table_row_bytes(config, specs, bool(scan.groups) and isinstance(scan.groups[0], str))
     largest = int(scan.rows.max()) if len(scan.rows) else 0
@@ -181,6 +181,10 @@ def require_streamable(config: Config, specs: Dict[str, Any], why: str = STREAM_
     if config.split.refit:
         raise ConfigError("split.refit", True, why + "a refit on the validation period is not streamed yet",
                           "set split.refit=false," + fix)
+    for name, derived in config.data.derived.items():
+        if getattr(derived, "over", "group") == "table":
+            raise ConfigError(f"data.derived.{name}.over", "table", why + "a column over the whole table reads every "
+                              "group's rows in one time order", f"set data.derived.{name}.over=group," + fix)
     for name, spec in specs.items():
         kind = getattr(spec, "kind", None)
         if kind in INDEXED_KINDS:

@@ -179,8 +179,9 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
     from mlflow.models import Model, ModelSignature, infer_signature
 
     model = fitted.to(HOST)  # every tensor of it: it loads on a machine without a GPU
-    sample = dates_as_text(example[model.raw_columns(example.columns)].head(EXAMPLE_ROWS).reset_index(drop=True),
-                           model.recipe.date_column)
+    rows = example[model.raw_columns(example.columns)]
+    rows = rows.tail(EXAMPLE_ROWS) if model.recipe.tail is not None else rows.head(EXAMPLE_ROWS)  # tail: their history
+    sample = dates_as_text(rows.reset_index(drop=True), model.recipe.date_column)
     client = tracked.client
     logged = client.create_logged_model(tracked.experiment_id, name=name, source_run_id=tracked.run_id,
                                         model_type="tamrun", tags={"tamrun_version": tamrun.__version__})
