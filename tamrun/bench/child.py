@@ -100,8 +100,7 @@ def tamrun_config(args: argparse.Namespace):
     from tamrun.config.load import config_dir, typed_config
     from tamrun.config.store import register_configs
 
-    overrides = [f"model={args.model}", f"hw={args.device}", "tracking=none", f"dtype={args.dtype}",
-                 *args.override]
+    overrides = [f"model={args.model}", f"hw={args.device}", "tracking=none", f"dtype={args.dtype}", *args.override]
     if args.cap is not None and args.device == "cuda":
         import torch
 
