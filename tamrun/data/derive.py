@@ -140,6 +140,10 @@ class DataRecipe:
             return frame
         if self.date_column in frame.columns:
             frame = frame.assign(**{self.date_column: self.dates(frame)})
+        if self.group in missing:  # a derived group first: the history's rows are matched by it
+            grouping = {name: spec for name, spec in self.needed([]).items() if name in missing}
+            frame = add_derived_columns(frame, grouping, self.date_column, self.origin, self.calendar)
+            missing = {name: spec for name, spec in missing.items() if name not in grouping}
         history = {name: spec for name, spec in missing.items() if spec.kind in HISTORY_KINDS}
         if history and self.tail is not None:
             out = add_derived_columns(self.tail.before(frame, self.date_column, self.group), missing, self.date_column,
