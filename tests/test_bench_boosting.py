@@ -142,3 +142,12 @@ def test_a_tamrun_command_is_measured_and_scored_from_its_own_store(tmp_path, cs
     assert table([{**record, "run": "tamrun csv", "condition": "idle"}], busy=2)[2].startswith("| idle | tamrun csv | 1/1 |")
     failed = tamrun_record([*csv_overrides(csv_path), "model.effects.sx.k=-1"], tmp_path / "bad", timeout=300)
     assert failed["status"] == "error" and failed["error_kind"] == "exit 2" and "model.effects.sx.k" in failed["error"]
+
+
+def test_the_bench_s_messages_pass_the_one_redaction(tmp_path):
+    """What the bench writes goes through `tamrun.redact.redacted`: a password in a path it names is masked."""
+    done = subprocess.run([sys.executable, "-m", "tamrun.bench.boosting", "--mlforecast-python",
+                           "https://user:hunter2secret@127.0.0.1/python", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "hunter2secret" not in done.stderr and "user:***@127.0.0.1" in done.stderr, done.stderr

@@ -36,6 +36,7 @@ from tamrun.bench.commands import Measured, error_record, measured_run, result_r
 from tamrun.bench.load import base_environment, busy_processes
 from tamrun.bench.machine import header_lines, machine_info
 from tamrun.bench.report import MIB, Spread, cell
+from tamrun.redact import redacted
 
 log = logging.getLogger("tamrun.bench.boosting")
 BOOST_CHILD = Path(__file__).with_name("boost_child.py")
@@ -197,26 +198,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         commands = tamrun_commands(args.tamrun)
     except ValueError as error:
-        sys.stderr.write(f"tamrun.bench.boosting: {error}\n")
+        sys.stderr.write(redacted(f"tamrun.bench.boosting: {error}\n"))
         return 2
     if "lightgbm" in args.sides.split(","):
         why = missing_peer(args.mlforecast_python)
         if why:
-            sys.stderr.write(f"tamrun.bench.boosting: {why}. Set up the peer's environment (docs/benchmarks.md): "
-                             f"{SETUP}; then pass --mlforecast-python /work/peers/mlforecast/bin/python "
-                             "(or --sides tamrun to measure tamrun only)\n")
+            sys.stderr.write(redacted(f"tamrun.bench.boosting: {why}. Set up the peer's environment "
+                                      f"(docs/benchmarks.md): {SETUP}; then pass --mlforecast-python "
+                                      "/work/peers/mlforecast/bin/python (or --sides tamrun to measure tamrun only)\n"))
             return 2
     machine = header_lines(machine_info())
     with tempfile.TemporaryDirectory(prefix="tamrun-bench-boosting-") as tmp:
         records = measure(args, commands, Path(tmp))
     command = "python -m tamrun.bench.boosting " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                        else sys.argv[1:]))
-    report = "\n".join([*machine, f"- command: `{command.strip()}`", "", *table(records, args.busy)]) + "\n"
+    command = redacted(command)  # an override may carry a store's password (tracking.uri)
+    report = redacted("\n".join([*machine, f"- command: `{command.strip()}`", "", *table(records, args.busy)]) + "\n")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"boosting-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "command": command, "records": records},
-                                                    indent=2, default=str))
+    recorded = {"machine": machine, "command": command, "records": records}
+    stem.with_suffix(".json").write_text(redacted(json.dumps(recorded, indent=2, default=str)))
     stem.with_suffix(".md").write_text(report)
     sys.stdout.write(report)
     return 0 if all(r.get("status") == "ok" for r in records) else 1
