@@ -36,7 +36,8 @@ from test_determinism import comparable
 # One year of training, one month of test: every preset in seconds, forest_fourier in the dual form
 # (365 rows per group < D).
 SHORT = ["split.train_start=2023-01-01", "split.test_end=2024-01-31"]
-PRESETS = ["fourier", "fourier_holidays", "spline", "spline_holidays", "forest", "forest_fourier", "forest_big", "calendar"]
+PRESETS = ["fourier", "fourier_holidays", "spline", "spline_holidays", "forest", "forest_fourier", "forest_big", "calendar",
+           "static_day_ahead"]
 
 
 # Two runs in one process may sum in another order (the BLAS path follows the data's alignment), and one
