@@ -9,11 +9,13 @@ import pandas as pd
 from tamrun.aggregate.experts import compose_experts
 from tamrun.config.effects import effect_columns
 from tamrun.config.load import typed_config
-from tamrun.config.schema import ModeName
-from tamrun.data.derive import DataRecipe
+from tamrun.config.schema import HISTORY_KINDS, ModeName
+from tamrun.data.calendar import Calendar
+from tamrun.data.derive import DataRecipe, add_derived_columns
 from tamrun.data.load import embedded_path
 
 LAGS = {"Load_d1", "Load_d7"}  # the load of the days before: what a day-ahead forecast may read
+DAYS_BEFORE = {"prev_mean", "week_mean"}  # the means of whole local days before the row's (history columns)
 
 
 def composed(compose_cfg):
@@ -26,8 +28,9 @@ def recipe(config) -> DataRecipe:
 
 
 def raw_sources(recipe_: DataRecipe, column: str, available) -> set:
-    """The table's own columns ``column`` is computed from, through derived columns of derived columns."""
-    if column not in recipe_.derived:
+    """The columns ``column`` is computed from, through derived columns of derived columns, down to the table's
+    own columns or a history column (it reads earlier rows: a leaf here, checked apart)."""
+    if column not in recipe_.derived or recipe_.derived[column].kind in HISTORY_KINDS:
         return {column}
     return set().union(*(raw_sources(recipe_, source, available)
                          for source in recipe_.sources(column, [*available, *recipe_.derived])))
@@ -54,21 +57,38 @@ def test_no_effect_reads_the_load_of_the_day_it_forecasts(compose_cfg):
     rules = recipe(config)
     table = national_head(5).columns
     read = set().union(*(raw_sources(rules, column, table) for column in effect_columns(specs).values()))
-    assert read <= set(table), read - set(table)
-    loads = {column for column in read if column.lower().startswith("load")}
+    history = {column for column in read if column in rules.derived}
+    assert read - history <= set(table), read - history - set(table)
+    loads = {column for column in read - history if column.lower().startswith("load")}
     assert config.data.target == "Load" and loads == LAGS, loads
+    from_target = {column for column in history if rules.derived[column].column == "Load"}
+    assert from_target == DAYS_BEFORE, from_target
+    for column in from_target:  # a window of whole days ending at the local midnight that starts the row's day
+        spec = rules.derived[column]
+        assert (spec.kind, spec.align, spec.window) in {("rolling", "day", "1D"), ("rolling", "day", "7D")}, spec
 
 
 def test_the_derived_columns_do_not_move_with_the_forecast_day_s_load(compose_cfg):
-    """The model's derived columns computed on real rows, then on the same rows with every target scaled by
-    1.5: equal, while a column of the lags does move when the lags do."""
+    """The model's derived columns computed on real rows, then on the same rows with the load of one day D
+    raised by 1,000 MW: every column of day D is equal, the day after's means move (they read D), and a
+    column of the lags moves when the lags do."""
     config, _ = composed(compose_cfg)
-    rules = recipe(config)
-    frame = national_head()
-    before = rules.apply(frame)[list(rules.derived)]
-    moved = frame.assign(Load=frame["Load"] * 1.5)
-    pd.testing.assert_frame_equal(rules.apply(moved)[list(rules.derived)], before)
-    lags_moved = rules.apply(frame.assign(Load_d1=frame["Load_d1"] + 100.0))
+    data = config.data
+    frame = national_head().assign(date=lambda table: pd.to_datetime(table["date"]))
+
+    def derived(table: pd.DataFrame) -> pd.DataFrame:  # as a run derives them (earlier rows: the table's)
+        return add_derived_columns(table, data.derived, "date", None, Calendar.of(data, table["date"]), data.group)
+
+    day = frame["date"].dt.normalize()
+    moved_day = day.unique()[20]
+    before = derived(frame)[list(data.derived)]
+    after = derived(frame.assign(Load=frame["Load"].where(day != moved_day, frame["Load"] + 1000.0)))
+    on_day = (day == moved_day).to_numpy()
+    pd.testing.assert_frame_equal(after[list(data.derived)][on_day], before[on_day])
+    next_day = (day == moved_day + pd.Timedelta(days=1)).to_numpy()
+    assert (after["prev_mean"][next_day] - before["prev_mean"][next_day]).round(9).eq(1000.0).all()
+    assert (after["week_mean"][next_day] > before["week_mean"][next_day]).all()
+    lags_moved = derived(frame.assign(Load_d1=frame["Load_d1"] + 100.0))
     assert (lags_moved["lag_change"] - before["lag_change"]).eq(100.0).all()
 
 
