@@ -12,6 +12,7 @@ allowed nothing.
 - ``python -m tamrun.compare`` by the READ user shows that sweep; the READ user reads its summary;
 - ``--register`` (issue 58): by the READ user refused before the server is asked, onto another user's
   registered model refused naming the model, the user and the EDIT it needs; nothing registered by either;
+- a run's user (issue 61) is the tracking account it was made by, not the OS user; on a local store the OS user;
 - a host name the server's ``--allowed-hosts`` does not list, a certificate for other names, an expired or
   not yet valid certificate (a TLS endpoint of tests/servers.py presenting it): each named by its cause.
 """
@@ -154,6 +155,32 @@ def test_the_read_user_compares_the_sweep_and_reads_its_summary(server, writer_s
     assert f"the jobs of sweep {parent.data.tags['sweep_id']}" in done.stdout
     assert all(run.info.run_id in Path(summary).read_text() for run in jobs)
     no_password_in(done.stdout + done.stderr)
+
+
+OS_LOGIN = "os-login"  # the OS user of the callers below (getpass reads LOGNAME first)
+
+
+def test_a_run_s_user_is_the_tracking_account_it_was_made_by(server, tmp_path, csv_path):
+    """Issue 61: every run's user was the OS user (``root``), so two users' runs on one server looked the
+    same. Made with the writer's credentials, its ``mlflow.user`` tag and user id are the writer's."""
+    done = tamrun([*csv_overrides(csv_path), *FAST, "tracking=server", f"tracking.experiment={TEAM_EXPERIMENT}",
+                   "tracking.run_name=the-writer-s-run"], tmp_path / "job",
+                  caller_env(server, WRITER, USERS[WRITER], LOGNAME=OS_LOGIN))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = [r for r in team_runs(server) if r.info.run_name == "the-writer-s-run"]
+    assert run.data.tags["mlflow.user"] == run.info.user_id == WRITER
+
+
+def test_without_a_tracking_account_a_run_s_user_is_the_os_user(tmp_path, csv_path):
+    """A local store has no account: the OS user stays, even with MLFLOW_TRACKING_USERNAME exported (the
+    variable names a server's account; a sqlite store takes no credentials)."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = tamrun([*csv_overrides(csv_path), *FAST, f"tracking.uri={store}"], tmp_path / "job",
+                  environment(MLFLOW_TRACKING_USERNAME=WRITER, LOGNAME=OS_LOGIN))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.tags["mlflow.user"] == run.info.user_id == OS_LOGIN
 
 
 REGISTRY = "registry"  # an experiment of the registry's cases: the team experiment's runs log no model
