@@ -7,6 +7,7 @@ allowed nothing.
   job, a client that does not trust the certificate): exit 2, one ``tamrun:`` line naming the setting and
   the fix, no traceback, no password shown, no run written;
 - a sweep by the EDIT user on the 2-node Ray cluster (tests/local_cluster.py): every job FINISHED, the
+  parent naming the best one (``best_run``, ``best_job``, its metrics), every run the EDIT user's, the
   credentials reached the workers, and the password is in no output, param, tag, file of the sweep
   folder nor Ray log;
 - ``python -m tamrun.compare`` by the READ user shows that sweep; the READ user reads its summary;
@@ -117,7 +118,8 @@ def writer_sweep(server, tmp_path_factory):
     with ray_cluster() as cluster:
         nodes = nodes_alive(cluster["address"], environment())
         done = tamrun(ray_sweep(cluster["address"], top / "sweep", *csv_overrides(frame), *FAST, "tracking=server",
-                                f"tracking.experiment={TEAM_EXPERIMENT}", "model.effects.sx.k=6,8"),
+                                f"tracking.experiment={TEAM_EXPERIMENT}", "model.effects.sx.k=6,8",
+                                "split.validation_start=2020-11-01"),
                       top, caller_env(server, WRITER, USERS[WRITER]))
         ray_logs = "\n".join(path.read_bytes().decode("utf-8", "replace") for path in Path(cluster["temp_dir"]).rglob("*")
                              if path.is_file() and not path.is_socket())
@@ -131,6 +133,13 @@ def test_a_sweep_by_the_edit_user_on_the_ray_cluster_keeps_the_password_to_itsel
     with client_env(credentials(READER, USERS[READER], server.certificate)):  # the READ user sees it all
         _, parent, jobs = sweep_runs(server.uri, sweep_dir)
     assert [r.info.status for r in jobs] == ["FINISHED", "FINISHED"] and parent.info.status == "FINISHED"
+    # issue 61: the parent names the best job on the objective, rmse_validation, and carries its figures;
+    # every run's user is the writer's account, on the Ray workers too
+    best = min(jobs, key=lambda run: run.data.metrics["rmse_validation"])
+    assert parent.data.tags["best_run"] == best.info.run_id and parent.data.tags["best_job"] == best.info.run_name
+    assert {name: parent.data.metrics[f"best_{name}"] for name in ("rmse_validation", "rmse_test")} == \
+        {name: best.data.metrics[name] for name in ("rmse_validation", "rmse_test")}
+    assert {run.info.user_id for run in [parent, *jobs]} == {WRITER}
     for run in jobs:
         handed = run.data.tags["ray.env"].split(", ")
         assert {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_SERVER_CERT_PATH"} <= set(handed)
