@@ -30,8 +30,8 @@ from mlflow.tracking import MlflowClient
 
 from conftest import csv_overrides, log_recorded_model
 from local_cluster import nodes_alive, ray_cluster
-from servers import (ADMIN, ADMIN_PASSWORD, TEAM_EXPERIMENT, USERS, client_env, credentials, dated_certificate,
-                     locked_server, self_signed_certificate, tls_listener)
+from servers import (ADMIN, ADMIN_PASSWORD, TEAM_EXPERIMENT, TOKEN_AUTH, USERS, client_env, credentials,
+                     dated_certificate, locked_server, self_signed_certificate, tls_listener)
 from test_team_cluster import FAST, HTTP, environment, ray_sweep, sweep_runs, tamrun
 
 pytestmark = pytest.mark.slow
@@ -178,6 +178,22 @@ def test_a_run_s_user_is_the_tracking_account_it_was_made_by(server, tmp_path, c
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run,) = [r for r in team_runs(server) if r.info.run_name == "the-writer-s-run"]
     assert run.data.tags["mlflow.user"] == run.info.user_id == WRITER
+
+
+def test_a_run_made_with_a_token_is_the_user_the_server_reports(tmp_path_factory, tmp_path, csv_path):
+    """With MLFLOW_TRACKING_TOKEN (no user name), the run's user is the one the server says the token is
+    (``GET /api/2.0/mlflow/users/current``): a locked server that also signs in by token (tests/token_auth.py)."""
+    from token_auth import TOKENS
+
+    (token, user), = TOKENS.items()
+    with locked_server(tmp_path_factory.mktemp("token"), authorization=TOKEN_AUTH) as server:
+        env = environment(MLFLOW_TRACKING_URI=server.uri, MLFLOW_TRACKING_TOKEN=token, LOGNAME=OS_LOGIN, **HTTP,
+                          MLFLOW_TRACKING_SERVER_CERT_PATH=str(server.certificate))
+        done = tamrun([*csv_overrides(csv_path), *FAST, "tracking=server", f"tracking.experiment={TEAM_EXPERIMENT}"],
+                      tmp_path / "job", env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        (run,) = team_runs(server)
+    assert run.data.tags["mlflow.user"] == run.info.user_id == user
 
 
 def test_without_a_tracking_account_a_run_s_user_is_the_os_user(tmp_path, csv_path):
