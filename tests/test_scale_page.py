@@ -2,19 +2,19 @@
 the first one (its variables) in a fresh ``bash -euo pipefail``, from the repository's root, as root (the
 page's PostgreSQL commands switch user with runuser).
 
-What differs per machine is given the way the page says, through the environment its first block reads:
-ROOT (a fresh folder, under a temporary one the postgres user may enter), VENV (this interpreter's virtual
+What differs per machine is given the way the page says, through the environment its first block reads: ROOT
+(a fresh folder, under a temporary one the postgres user may enter), VENV (this interpreter's virtual
 environment), PGPORT, PORT and RAYPORT (free ports). Nothing else of the page is changed or left out: its
 blocks install tamrun with the extras they name, start PostgreSQL, `mlflow server` on it locked (MLflow's
 basic-auth app, TLS with a self-signed certificate, an admin, alice who may EDIT, bob who may READ), two
-sweeps against it as alice, a 2-node Ray cluster and a sweep on it, the runs compared by bob and a job of
-his refused; the last block stops them. The test checks what the sweeps recorded (every job FINISHED under
-its parent, the Ray jobs on both nodes with the shell's tracking variables, no password in Ray's folder),
-what bob saw, then runs the "Stop" block and checks that nothing it started is left; then the page's
+sweeps against it as alice, a 2-node Ray cluster and a sweep on it, the runs compared by bob and a job of his
+refused; the "Stop" block stops them. The test checks what the sweeps recorded (every job FINISHED under its
+parent and alice's, the Ray jobs on both nodes with the shell's tracking variables, no password in Ray's
+folder), what bob saw, then runs the "Stop" block and checks that nothing it started is left; then the page's
 "Restart" block and the server's and the cluster's blocks again, as the page says (issue 61: the server's
 block failed on a second start), bob sees the same runs, and the "Stop" block stops them. Whatever a failing
-block leaves running is stopped by the fixture: the process groups of the blocks, the processes the page's
-pid files name, and PostgreSQL (pg_ctl stop).
+block leaves running is stopped by the fixture: the process groups of the blocks, the processes the page's pid
+files name, and PostgreSQL (pg_ctl stop).
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ def test_every_block_of_the_page_runs_as_written(walkthrough, monkeypatch):
     parallel, on_ray = by_size
     for run in parallel + on_ray:
         assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:")
+        assert run.info.user_id == run.data.tags["mlflow.user"] == "alice"  # the account, not root (issue 61)
         assert run.data.tags["mlflow.parentRunId"] == parents[run.data.tags["sweep_id"]].info.run_id
     assert sorted(r.data.params["model.effects.toy.ap"] for r in on_ray) == ["-3", "-4", "-5", "-6"]
     assert len({r.data.tags["ray.node_id"] for r in on_ray}) == 2
