@@ -212,8 +212,10 @@ AUTH_INI = """[mlflow]
 default_permission = NO_PERMISSIONS
 database_uri = sqlite:///{folder}/basic_auth.db
 admin_username = {admin}
-authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+authorization_function = {authorization}
 """
+BASIC_AUTH = "mlflow.server.auth:authenticate_request_basic_auth"  # MLflow's own: a user and a password
+TOKEN_AUTH = "token_auth:authenticate"  # a bearer token, else basic auth (tests/token_auth.py)
 
 
 def self_signed_certificate(folder: Path) -> Path:
@@ -268,16 +270,19 @@ def lock_down(server: MlflowServer) -> None:
 
 
 @contextlib.contextmanager
-def locked_server(folder: Path, backend: Optional[str] = None, workers: int = 1) -> Iterator[MlflowServer]:
+def locked_server(folder: Path, backend: Optional[str] = None, workers: int = 1,
+                  authorization: str = BASIC_AUTH) -> Iterator[MlflowServer]:
     """`mlflow server --app-name basic-auth` over TLS (uvicorn's ssl options, a self-signed certificate) on
     127.0.0.1, ``--allowed-hosts`` naming it, a new user allowed nothing (NO_PERMISSIONS), locked down by
-    `lock_down`; yields the running server and stops it afterwards."""
+    `lock_down`; yields the running server and stops it afterwards. ``authorization``: the auth app's
+    ``authorization_function`` (a module of tests/ may be named: the server imports from there too)."""
     folder.mkdir(parents=True, exist_ok=True)
     certificate = self_signed_certificate(folder)
     config = folder / "basic_auth.ini"
-    config.write_text(AUTH_INI.format(folder=folder, admin=ADMIN))
+    config.write_text(AUTH_INI.format(folder=folder, admin=ADMIN, authorization=authorization))
     env = {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_PASSWORD": FIRST_ADMIN_PASSWORD,
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": "tests-csrf-key"}
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "tests-csrf-key",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
     server = MlflowServer(backend or f"sqlite:///{folder / 'mlflow.db'}", folder / "artifacts", folder / "server.log",
                           workers, env=env, certificate=certificate)
     server.extra = ["--app-name", "basic-auth", "--uvicorn-opts",

@@ -190,7 +190,7 @@ def sweep_children(store: str, sweep_dir: Path):
 
 @pytest.mark.parametrize("sweeper", ["basic", "optuna"])
 def test_a_sweep_chooses_on_rmse_backtest(sites_csv, tmp_path, sweeper):
-    """mode=backtest's objective is rmse_backtest: the parent crowns the job with the least (best_run_id), and
+    """mode=backtest's objective is rmse_backtest: the parent crowns the job with the least (best_run, best_job), and
     Optuna minimises it."""
     store, sweep_dir = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
     conf = tmp_path / "user_conf"  # the model as a preset of the user's: Optuna sets its fields before any +key=
@@ -208,7 +208,9 @@ def test_a_sweep_chooses_on_rmse_backtest(sites_csv, tmp_path, sweeper):
     scores = [r.data.metrics["rmse_backtest"] for r in children]
     assert "rmse_test" not in children[0].data.metrics
     assert parent.data.metrics["best_rmse_backtest"] == pytest.approx(min(scores), rel=1e-12)
-    assert parent.data.tags["best_run_id"] == children[scores.index(min(scores))].info.run_id
+    best = children[scores.index(min(scores))]
+    assert parent.data.tags["best_run"] == best.info.run_id and parent.data.tags["best_job"] == best.info.run_name
+    assert not any(name.startswith("best_rmse_") and name != "best_rmse_backtest" for name in parent.data.metrics)
     if sweeper == "optuna":
         best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
         assert best["best_value"] == pytest.approx(min(scores), rel=1e-12)

@@ -7,11 +7,13 @@ allowed nothing.
   job, a client that does not trust the certificate): exit 2, one ``tamrun:`` line naming the setting and
   the fix, no traceback, no password shown, no run written;
 - a sweep by the EDIT user on the 2-node Ray cluster (tests/local_cluster.py): every job FINISHED, the
+  parent naming the best one (``best_run``, ``best_job``, its metrics), every run the EDIT user's, the
   credentials reached the workers, and the password is in no output, param, tag, file of the sweep
   folder nor Ray log;
 - ``python -m tamrun.compare`` by the READ user shows that sweep; the READ user reads its summary;
 - ``--register`` (issue 58): by the READ user refused before the server is asked, onto another user's
   registered model refused naming the model, the user and the EDIT it needs; nothing registered by either;
+- a run's user (issue 61) is the tracking account it was made by, not the OS user; on a local store the OS user;
 - a host name the server's ``--allowed-hosts`` does not list, a certificate for other names, an expired or
   not yet valid certificate (a TLS endpoint of tests/servers.py presenting it): each named by its cause.
 """
@@ -28,8 +30,8 @@ from mlflow.tracking import MlflowClient
 
 from conftest import csv_overrides, log_recorded_model
 from local_cluster import nodes_alive, ray_cluster
-from servers import (ADMIN, ADMIN_PASSWORD, TEAM_EXPERIMENT, USERS, client_env, credentials, dated_certificate,
-                     locked_server, self_signed_certificate, tls_listener)
+from servers import (ADMIN, ADMIN_PASSWORD, TEAM_EXPERIMENT, TOKEN_AUTH, USERS, client_env, credentials,
+                     dated_certificate, locked_server, self_signed_certificate, tls_listener)
 from test_team_cluster import FAST, HTTP, environment, ray_sweep, sweep_runs, tamrun
 
 pytestmark = pytest.mark.slow
@@ -116,7 +118,8 @@ def writer_sweep(server, tmp_path_factory):
     with ray_cluster() as cluster:
         nodes = nodes_alive(cluster["address"], environment())
         done = tamrun(ray_sweep(cluster["address"], top / "sweep", *csv_overrides(frame), *FAST, "tracking=server",
-                                f"tracking.experiment={TEAM_EXPERIMENT}", "model.effects.sx.k=6,8"),
+                                f"tracking.experiment={TEAM_EXPERIMENT}", "model.effects.sx.k=6,8",
+                                "split.validation_start=2020-11-01"),
                       top, caller_env(server, WRITER, USERS[WRITER]))
         ray_logs = "\n".join(path.read_bytes().decode("utf-8", "replace") for path in Path(cluster["temp_dir"]).rglob("*")
                              if path.is_file() and not path.is_socket())
@@ -130,6 +133,13 @@ def test_a_sweep_by_the_edit_user_on_the_ray_cluster_keeps_the_password_to_itsel
     with client_env(credentials(READER, USERS[READER], server.certificate)):  # the READ user sees it all
         _, parent, jobs = sweep_runs(server.uri, sweep_dir)
     assert [r.info.status for r in jobs] == ["FINISHED", "FINISHED"] and parent.info.status == "FINISHED"
+    # issue 61: the parent names the best job on the objective, rmse_validation, and carries its figures;
+    # every run's user is the writer's account, on the Ray workers too
+    best = min(jobs, key=lambda run: run.data.metrics["rmse_validation"])
+    assert parent.data.tags["best_run"] == best.info.run_id and parent.data.tags["best_job"] == best.info.run_name
+    assert {name: parent.data.metrics[f"best_{name}"] for name in ("rmse_validation", "rmse_test")} == \
+        {name: best.data.metrics[name] for name in ("rmse_validation", "rmse_test")}
+    assert {run.info.user_id for run in [parent, *jobs]} == {WRITER}
     for run in jobs:
         handed = run.data.tags["ray.env"].split(", ")
         assert {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_SERVER_CERT_PATH"} <= set(handed)
@@ -154,6 +164,48 @@ def test_the_read_user_compares_the_sweep_and_reads_its_summary(server, writer_s
     assert f"the jobs of sweep {parent.data.tags['sweep_id']}" in done.stdout
     assert all(run.info.run_id in Path(summary).read_text() for run in jobs)
     no_password_in(done.stdout + done.stderr)
+
+
+OS_LOGIN = "os-login"  # the OS user of the callers below (getpass reads LOGNAME first)
+
+
+def test_a_run_s_user_is_the_tracking_account_it_was_made_by(server, tmp_path, csv_path):
+    """Issue 61: every run's user was the OS user (``root``), so two users' runs on one server looked the
+    same. Made with the writer's credentials, its ``mlflow.user`` tag and user id are the writer's."""
+    done = tamrun([*csv_overrides(csv_path), *FAST, "tracking=server", f"tracking.experiment={TEAM_EXPERIMENT}",
+                   "tracking.run_name=the-writer-s-run"], tmp_path / "job",
+                  caller_env(server, WRITER, USERS[WRITER], LOGNAME=OS_LOGIN))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = [r for r in team_runs(server) if r.info.run_name == "the-writer-s-run"]
+    assert run.data.tags["mlflow.user"] == run.info.user_id == WRITER
+
+
+def test_a_run_made_with_a_token_is_the_user_the_server_reports(tmp_path_factory, tmp_path, csv_path):
+    """With MLFLOW_TRACKING_TOKEN (no user name), the run's user is the one the server says the token is
+    (``GET /api/2.0/mlflow/users/current``): a locked server that also signs in by token (tests/token_auth.py)."""
+    from token_auth import TOKENS
+
+    (token, user), = TOKENS.items()
+    with locked_server(tmp_path_factory.mktemp("token"), authorization=TOKEN_AUTH) as server:
+        env = environment(MLFLOW_TRACKING_URI=server.uri, MLFLOW_TRACKING_TOKEN=token, LOGNAME=OS_LOGIN, **HTTP,
+                          MLFLOW_TRACKING_SERVER_CERT_PATH=str(server.certificate))
+        done = tamrun([*csv_overrides(csv_path), *FAST, "tracking=server", f"tracking.experiment={TEAM_EXPERIMENT}"],
+                      tmp_path / "job", env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        (run,) = team_runs(server)
+    assert run.data.tags["mlflow.user"] == run.info.user_id == user
+
+
+def test_without_a_tracking_account_a_run_s_user_is_the_os_user(tmp_path, csv_path):
+    """A local store has no account: the OS user stays, even with MLFLOW_TRACKING_USERNAME exported (the
+    variable names a server's account; a sqlite store takes no credentials)."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = tamrun([*csv_overrides(csv_path), *FAST, f"tracking.uri={store}"], tmp_path / "job",
+                  environment(MLFLOW_TRACKING_USERNAME=WRITER, LOGNAME=OS_LOGIN))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.tags["mlflow.user"] == run.info.user_id == OS_LOGIN
 
 
 REGISTRY = "registry"  # an experiment of the registry's cases: the team experiment's runs log no model

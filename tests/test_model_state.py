@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from importlib import metadata
 from pathlib import Path
 from typing import List
 
@@ -222,7 +223,8 @@ def load_in_process(folder: Path, model: Path):
 
 def test_the_logged_model_holds_no_code_and_its_run_recorded_every_file(logged):
     """Nine files, none of them Python source; MLflow's loader is the installed tamrun's; the store holds the
-    sha256 of every one; requirements.txt pins the one wheel of tamrun by its sha256."""
+    sha256 of every one; requirements.txt pins the one wheel of tamrun by its sha256, and torch as a plain
+    pin, without an index option."""
     import yaml
 
     from tamrun.tracking.model_files import MANIFEST_TAG, file_digests, sha256_of
@@ -239,7 +241,12 @@ def test_the_logged_model_holds_no_code_and_its_run_recorded_every_file(logged):
     (model,) = client.search_logged_models([client.get_experiment_by_name("tamrun").experiment_id])
     assert json.loads(model.tags[MANIFEST_TAG]) == file_digests(artifacts)
     pinned = f"file:{wheel.name}#sha256={sha256_of(wheel)}"
-    assert pinned in (artifacts / "requirements.txt").read_text().splitlines()
+    listed = (artifacts / "requirements.txt").read_text().splitlines()
+    assert pinned in listed
+    # issue 61: plain pins the default index alone satisfies; no index option (an index the serving machine
+    # could not reach made pip retry it for every package: 17 minutes)
+    assert not [line for line in listed if line.startswith("-")]
+    assert f"torch=={metadata.version('torch').split('+')[0]}" in listed
 
 
 @pytest.mark.parametrize("how", ["wheel", "code added", "requirements", "nan", "1e300", "int8"])

@@ -78,7 +78,7 @@ def test_the_serving_page_runs_as_written(tmp_path, monkeypatch):
     parent = client.search_runs([client.get_experiment_by_name("tamrun").experiment_id],
                                 filter_string="tags.sweep_role = 'parent'")[0]
     refit = client.get_run(champion.run_id)  # the registered model is the sweep's choice, refitted (--refit)
-    assert refit.data.tags["refit_of"] == parent.data.tags["best_run_id"] != champion.run_id
+    assert refit.data.tags["refit_of"] == parent.data.tags["best_run"] != champion.run_id
     assert refit.data.params["refit_through"].startswith("2023-12-31")  # trained through the validation year
     forecast = pd.DataFrame(json.loads((tmp_path / "forecast.json").read_text())["predictions"])
     rows = pd.read_csv(tmp_path / "rows.csv")

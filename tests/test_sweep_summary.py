@@ -106,7 +106,10 @@ def test_with_a_validation_split_the_best_job_is_the_least_validation_rmse_of_th
     assert (f"best on rmse_validation: job 1 'k=8' rmse_validation=1.5: http://127.0.0.1:5000/#/experiments/"
             f"{info['experiment_id']}/runs/{children[1]}; summary in run {info['parent_run_id']}") in caplog.text
     parent = client.get_run(info["parent_run_id"]).data
-    assert parent.tags["best_run_id"] == children[1] and parent.metrics["best_rmse_validation"] == 1.5
+    assert parent.tags["best_run"] == children[1] and parent.tags["best_job"] == "k=8"
+    # the objective and the job's other decisive metrics, so that the parent's row shows them (issue 61)
+    assert {k: v for k, v in parent.metrics.items() if k.startswith("best")} == {"best_rmse_validation": 1.5,
+                                                                                 "best_rmse_test": 3.0}
     assert not any(key.startswith("best_on_test") for key in [*parent.tags, *parent.metrics])
     assert parent.tags["sweep_selection"] == "best on rmse_validation"
     assert parent.metrics["sweep_failed_jobs"] == 1 and parent.tags["sweep_failed_jobs"] == "1 of 4 (job(s) 2)"
@@ -136,8 +139,9 @@ def test_a_test_metric_asked_for_is_crowned_as_such_with_a_warning(tmp_path, cap
     caplog.set_level(logging.WARNING, logger="tamrun.tracking.sweep_record.sweep_summary")
     close_sweep(info)
     parent = client.get_run(info["parent_run_id"]).data
-    assert parent.tags["best_on_test_run_id"] == children[0] and parent.metrics["best_on_test_rmse_test"] == 1.0
-    assert "best_run_id" not in parent.tags and "best_rmse_test" not in parent.metrics
+    assert parent.tags["best_on_test_run"] == children[0] and parent.metrics["best_on_test_rmse_test"] == 1.0
+    assert parent.tags["best_on_test_job"] == "k=6" and parent.metrics["best_on_test_rmse_validation"] == 2.0
+    assert "best_run" not in parent.tags and "best_rmse_test" not in parent.metrics
     assert "leaks" in caplog.text and "leaks" in parent.tags["sweep_selection"]
 
 

@@ -120,7 +120,7 @@ def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_p
     assert best["best_value"] == pytest.approx(min(validation), rel=1e-12)
     assert not any(math.isclose(best["best_value"], r.data.metrics["rmse_test"]) for r in children)
     assert parent.data.metrics["best_rmse_validation"] == pytest.approx(min(validation), rel=1e-12)
-    assert parent.data.tags["best_run_id"] == children[validation.index(min(validation))].info.run_id
+    assert parent.data.tags["best_run"] == children[validation.index(min(validation))].info.run_id
     # optuna may draw a value twice: the names carry the sampled value and the job number
     assert [r.info.run_name.rsplit(" #", 1)[1] for r in children] == ["0", "1", "2", "3"]
     assert all(r.info.run_name.startswith("ap=") for r in children)

@@ -13,7 +13,7 @@ store does not answer then, the sweep's end is held too, and its last line says 
 ids, files, parents and summaries.
 
 The sweep file also names the keys the sweep varies (`tamrun.tracking.sweep_record.sweep_names`): each job's run is
-named by its values of them and tagged ``sweep.<key>``. The parent crowns a best job (``best_run_id``)
+named by its values of them and tagged ``sweep.<key>``. The parent crowns a best job (``best_run``, ``best_job``)
 only on a validation metric, or on the objective the config asks for explicitly (a test metric is then
 labelled ``best_on_test_*`` and a warning says that it leaks the test period into the choice).
 """

@@ -35,6 +35,7 @@ from tamrun.tracking.runlog import RunLog
 from tamrun.redact import redacted, redacted_value
 from tamrun.tracking.store.secrets import env_uri
 from tamrun.tracking.store.server_access import access_error
+from tamrun.tracking.source import account_tags
 from tamrun.tracking.signals import Deferral, interrupt, signals_as_interrupts, signals_deferred
 from tamrun.tracking.stale import close_stale_in_store, process_tags
 from tamrun.tracking.artifacts.tables import write_frame
@@ -238,7 +239,7 @@ class TrackedRun:
         check_artifact_location(experiment.artifact_location)
         self.artifact_location = experiment.artifact_location
         ensure_runs_view(self.client, experiment, self.objective)
-        tags = {**self.tags, **process_tags(), **ray_worker_tags()}
+        tags = {**self.tags, **process_tags(), **ray_worker_tags(), **account_tags(self.uri)}
         tags = {key: redacted_value(key, str(value)) for key, value in tags.items()}
         if self.number_reruns:
             tags[NAME_KEY_TAG] = name_key(self.run_name)

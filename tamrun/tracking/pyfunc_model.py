@@ -60,8 +60,6 @@ FITTED_ARTIFACT = "fitted"  # the FittedModel's state folder, among the model's 
 LOGGED_MODEL_NAME = "model"
 PREDICTION = "predicted"  # the output table's prediction column
 DATE_TEXT = "%Y-%m-%d %H:%M:%S"  # how the input example writes a date (any text pandas parses is read)
-# Where pip finds torch's CPU build (PyPI's Linux wheel is the CUDA one, several GB).
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 LOADER_MODULE = "tamrun.tracking.pyfunc_loader"  # the pyfunc flavor's loader: a module of the installed tamrun
 EXAMPLE_ROWS = 5
 
@@ -139,16 +137,17 @@ def declared_dependencies() -> List[str]:
 
 
 def requirements() -> List[str]:
-    """tamrun's own dependencies (not its extras) pinned at this environment's versions, torch's build
-    taken from `TORCH_CPU_INDEX` (a local version such as +cpu dropped: pip prefers that index's CPU
-    build of the same version). tamrun itself is added as the wheel logged with the model."""
+    """tamrun's own dependencies (not its extras) pinned at this environment's versions, a local version
+    such as torch's +cpu dropped: plain requirements that the default index alone satisfies, no index
+    option (an index the serving machine cannot reach made pip retry it for every package). Where pip is
+    also given PyTorch's CPU index (docs/serving.md), it prefers that index's CPU build of the same
+    version. tamrun itself is added as the wheel logged with the model."""
     from importlib.metadata import version
 
     from packaging.requirements import Requirement
 
     names = [Requirement(line).name for line in declared_dependencies() if "extra ==" not in line]
-    pins = [f"{name}=={version(name).split('+')[0]}" for name in sorted(set(names) | {"mlflow", "torch"})]
-    return [f"--extra-index-url {TORCH_CPU_INDEX}", *pins]
+    return [f"{name}=={version(name).split('+')[0]}" for name in sorted(set(names) | {"mlflow", "torch"})]
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ or the next run on the store does, when the store did not answer then (`tamrun.t
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -29,6 +30,8 @@ UNRECORDED = "UNRECORDED"  # the status of a job that started and left no run in
 # Metrics of the summary table, in this order when a job logged them.
 SUMMARY_METRICS = ("rmse_validation", "rmse_backtest", "mape_backtest", "rmse_test", "mape_test", "cost_usd", "rmse_train", "fit_seconds",
                    "peak_memory_bytes", "oom_retries", "cg_iterations")
+# The best job's metrics its parent carries besides the objective (`log_best`).
+BEST_METRICS = ("rmse_validation", "rmse_backtest", "rmse_test")
 
 
 def summary_table(client: Any, experiment_id: str, sweep_id: str, parent_run_id: Optional[str],
@@ -111,7 +114,7 @@ def chosen_job(selection: str, best: Optional[pd.Series], objective: str, tracki
 
 
 def best_label(objective: str, asked: bool) -> Optional[str]:
-    """The prefix of the parent's best-job tag and metric (``<prefix>_run_id``, ``<prefix>_<objective>``),
+    """The prefix of the parent's best-job tags and metrics (``<prefix>_run``, ``<prefix>_<objective>``),
     or None when no best is crowned: ``best`` on a validation metric (or any metric the config asks for
     that is not a test one), ``best_on_test`` on a test metric the config asks for (``objective=rmse_test``),
     None on the test metric that a split without a validation period falls back to."""
@@ -122,8 +125,8 @@ def best_label(objective: str, asked: bool) -> Optional[str]:
 
 def crown_best(client: Any, parent_run_id: str, table: pd.DataFrame, objective: str,
                asked: bool) -> Tuple[str, Optional[pd.Series]]:
-    """Tag (and log) the finished job with the least objective, when `best_label` allows a choice on
-    it; returns the selection (the parent's ``sweep_selection`` tag) and the best row (None: none)."""
+    """Tag (and log: `log_best`) the finished job with the least objective, when `best_label` allows a
+    choice on it; returns the selection (the parent's ``sweep_selection`` tag) and the best row (None: none)."""
     label = best_label(objective, asked)
     if label is None:
         log.info("sweep: no best run chosen: the objective %s is a test metric and the split has no validation "
@@ -134,16 +137,29 @@ def crown_best(client: Any, parent_run_id: str, table: pd.DataFrame, objective: 
     if label == "best_on_test":
         log.warning("sweep: the best run is chosen on %s, a test metric: choosing on the test period leaks it "
                     "into the choice, and that run's test metrics overstate how it forecasts (tagged "
-                    "best_on_test_run_id; hold out a validation period with split.validation_start)", objective)
+                    "best_on_test_run; hold out a validation period with split.validation_start)", objective)
         selection += ", a test metric (asked for; the test period leaks into the choice)"
     done = table[table["status"] == "FINISHED"]
     done = done.dropna(subset=[objective]) if objective in done.columns else done.iloc[:0]
     if done.empty:
         return selection, None
     best = done.loc[done[objective].idxmin()]
-    client.log_metric(parent_run_id, f"{label}_{objective}", float(best[objective]))
-    client.set_tag(parent_run_id, f"{label}_run_id", best["run_id"])
+    log_best(client, parent_run_id, label, best, objective)
     return selection, best
+
+
+def log_best(client: Any, parent_run_id: str, label: str, best: pd.Series, objective: str) -> None:
+    """The best job on its parent, so that the parent's row shows it: tags ``<label>_run`` (its run id) and
+    ``<label>_job`` (its run name), metrics ``<label>_<metric>`` of the objective and each of
+    `BEST_METRICS` the job logged."""
+    from mlflow.entities import Metric, RunTag
+
+    names = dict.fromkeys([objective, *BEST_METRICS])
+    values = {name: float(best[name]) for name in names if name in best.index and pd.notna(best[name])}
+    now = int(time.time() * 1000)
+    client.log_batch(parent_run_id, metrics=[Metric(f"{label}_{name}", value, now, 0)
+                                             for name, value in values.items()],
+                     tags=[RunTag(f"{label}_run", best["run_id"]), RunTag(f"{label}_job", best["run_name"])])
 
 
 def sweep_description(table: pd.DataFrame, swept: Sequence[str], selection: str, objective: str,
