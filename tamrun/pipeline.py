@@ -137,11 +137,11 @@ def skip_update_columns(config: Config) -> Dict[str, str]:
 
 def file_columns(data: DataConfig, numeric: Dict[str, str]) -> Tuple[Dict[str, str], Set[str]]:
     """The columns a run reads from the file: (config field -> column that must exist: the target, the
-    group, the effects' columns that are not derived, the derived columns' sources; the names a derived
-    expression mentions, read when present)."""
+    group unless it is derived, the effects' columns that are not derived, the derived columns' sources; the
+    names a derived expression mentions, read when present)."""
     sources, mentioned = derived_sources(data.derived)
     required = {field: column for field, column in numeric.items() if column not in data.derived}
-    if data.group:
+    if data.group and data.group not in data.derived:  # a derived group is read from the date (data.derived)
         required["data.group"] = data.group
     return {**required, **sources}, mentioned
 

@@ -11,6 +11,7 @@ from tamrun.config.effects import effect_columns
 from tamrun.config.load import typed_config
 from tamrun.config.schema import ModeName
 from tamrun.data.derive import DataRecipe
+from tamrun.config.schema import HISTORY_KINDS
 from tamrun.data.load import embedded_path
 
 LAGS = {"Load_d1", "Load_d7"}  # the load of the days before: what a day-ahead forecast may read
@@ -26,8 +27,9 @@ def recipe(config) -> DataRecipe:
 
 
 def raw_sources(recipe_: DataRecipe, column: str, available) -> set:
-    """The table's own columns ``column`` is computed from, through derived columns of derived columns."""
-    if column not in recipe_.derived:
+    """The columns ``column`` is computed from, through derived columns of derived columns, down to the table's
+    own columns or a history column (a lag, a rolling window: it reads earlier rows, a leaf here)."""
+    if column not in recipe_.derived or recipe_.derived[column].kind in HISTORY_KINDS:
         return {column}
     return set().union(*(raw_sources(recipe_, source, available)
                          for source in recipe_.sources(column, [*available, *recipe_.derived])))
@@ -57,6 +59,9 @@ def test_no_effect_reads_the_load_of_the_day_it_forecasts(compose_cfg):
     assert read <= set(table), read - set(table)
     loads = {column for column in read if column.lower().startswith("load")}
     assert config.data.target == "Load" and loads == LAGS, loads
+    for lag in LAGS & set(rules.derived):  # derived from the target: a lag of whole days (checked at config time)
+        spec = rules.derived[lag]
+        assert (spec.kind, spec.column, spec.by) in {("lag", "Load", "1D"), ("lag", "Load", "7D")}, spec
 
 
 def test_the_derived_columns_do_not_move_with_the_forecast_day_s_load(compose_cfg):

@@ -468,8 +468,9 @@ def test_the_file_columns_read_and_a_sharded_run_s_refusal(compose_cfg):
                                    "d1": DerivedColumn(kind="lag", column="load", by="1D"),
                                    "s": DerivedColumn(kind="smooth", column="temperature", factor=0.9)})
     assert required == {"data.derived.d1.column": "load", "data.derived.s.column": "temperature"}
-    config, specs = typed_config(compose_cfg("+data.derived.s={kind: smooth, column: temperature, factor: 0.9, "
+    config, specs = typed_config(compose_cfg("~data.derived.tod", "data.group=tod",  # the file's own group
+                                             "+data.derived.s={kind: smooth, column: temperature, factor: 0.9, "
                                              "over: table}"))
-    with pytest.raises(ConfigError, match=r"data.derived.s.over='table': shard.over=ray fits chunks of groups as tasks "
+    with pytest.raises(ConfigError, match=r"data.derived.\w+.over='table': shard.over=ray fits chunks of groups as tasks "
                                           r"of a Ray cluster, but a column over the whole table reads every group's"):
         require_shardable(config, specs)

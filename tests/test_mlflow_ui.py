@@ -52,7 +52,7 @@ def test_a_two_job_sweep_is_comparable_and_its_models_predict_from_raw_rows(tmp_
         logged = pd.read_parquet(client.download_artifacts(child.info.run_id, "predictions/predictions.parquet",
                                                            str(tmp_path)))
         test = logged[logged["split"] == "test"].set_index(["date", "group"])["predicted"]
-        expected = test.loc[list(zip(pd.to_datetime(rows_2024["date"]), rows_2024["tod"]))].to_numpy()
+        expected = test.loc[list(zip(pd.to_datetime(rows_2024["date"]), predicted["tod"]))].to_numpy()  # derived tod
         assert len(predicted) == len(expected) == 17_568
         # the same model, design and coefficients in float64: equal to 1e-8 relative (5e-4 MW on loads of
         # about 50,000 MW; another process's BLAS may sum in another order: 7e-10 relative seen once)

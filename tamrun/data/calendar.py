@@ -8,6 +8,7 @@ calendar (kind ``calendar``, `tamrun.config.schema.CALENDAR_PARTS`) and the publ
     hour          the local hour, 0..23
     day_of_week   0 = Monday ... 6 = Sunday
     day_of_year   1..366
+    year_fraction day_of_year / the days of its year: 1/365 (1 January) .. 1 (31 December), the national table's toy
     week          the ISO week, 1..53
     month         1..12
     weekend       1.0 on Saturday and Sunday
@@ -91,8 +92,10 @@ def calendar_column(dates: pd.Series, spec: DerivedColumn, field: str, calendar:
                      "FR to count its public holidays too)", field)
         return day_flags(local, lambda days: (weekday(days) >= 5) | holidays_on(days, calendar, spec.bridge))
     values = {"hour": lambda: local.dt.hour, "day_of_week": lambda: local.dt.day_of_week,
-              "day_of_year": lambda: local.dt.day_of_year, "week": lambda: local.dt.isocalendar().week,
-              "month": lambda: local.dt.month, "weekend": lambda: local.dt.day_of_week >= 5}[part]()
+              "day_of_year": lambda: local.dt.day_of_year,
+              "year_fraction": lambda: local.dt.day_of_year / (365 + local.dt.is_leap_year.astype(np.int64)),
+              "week": lambda: local.dt.isocalendar().week, "month": lambda: local.dt.month,
+              "weekend": lambda: local.dt.day_of_week >= 5}[part]()
     return np.asarray(values, dtype=np.float64)
 
 

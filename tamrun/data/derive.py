@@ -62,17 +62,15 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
 
 
 def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str], Set[str]]:
-    """The file columns the derived columns read: (config field -> column of each ``isin``, and of each
-    history column unless it reads an earlier derived column: each must exist; the names an ``expr`` mentions,
+    """The file columns the derived columns read: (config field -> column of each ``isin`` and each history
+    column, unless it reads an earlier derived column: each must exist; the names an ``expr`` mentions,
     which are read when they are columns). An expression that is not allowed is refused here, before any data
     is read (`tamrun.config.expr.parse_expression`)."""
     required: Dict[str, str] = {}
     mentioned: Set[str] = set()
     earlier: Set[str] = set()
     for name, spec in derived.items():
-        if spec.kind == "isin" and spec.column:
-            required[f"data.derived.{name}.column"] = spec.column
-        elif spec.kind in HISTORY_KINDS and spec.column and spec.column not in earlier:
+        if spec.kind in ("isin", *HISTORY_KINDS) and spec.column and spec.column not in earlier:
             required[f"data.derived.{name}.column"] = spec.column
         elif spec.kind == "expr" and spec.expr:
             mentioned.update(names(parse_expression(f"data.derived.{name}.expr", spec.expr)))
@@ -124,11 +122,11 @@ class DataRecipe:
         return [name for name in available if name in mentioned]
 
     def needed(self, columns: Optional[Iterable[str]]) -> Dict[str, DerivedColumn]:
-        """The derived columns ``columns`` (None: all) are or read, those read by them included (an ``isin``'s
-        or an expression's earlier derived columns), in config order."""
+        """The derived columns ``columns`` (None: all) and the group (data.group) are or read, those read by them
+        included (an ``isin``'s or an expression's earlier derived columns), in config order."""
         if columns is None:
             return dict(self.derived)
-        wanted = set(columns)
+        wanted = {*columns, *([self.group] if self.group else [])}
         for name in reversed(list(self.derived)):
             if name in wanted:
                 wanted.update(self.sources(name, self.derived))
@@ -142,6 +140,10 @@ class DataRecipe:
             return frame
         if self.date_column in frame.columns:
             frame = frame.assign(**{self.date_column: self.dates(frame)})
+        if self.group in missing:  # a derived group first: the history's rows are matched by it
+            grouping = {name: spec for name, spec in self.needed([]).items() if name in missing}
+            frame = add_derived_columns(frame, grouping, self.date_column, self.origin, self.calendar)
+            missing = {name: spec for name, spec in missing.items() if name not in grouping}
         history = {name: spec for name, spec in missing.items() if spec.kind in HISTORY_KINDS}
         if history and self.tail is not None:
             out = add_derived_columns(self.tail.before(frame, self.date_column, self.group), missing, self.date_column,
