@@ -69,16 +69,19 @@ class Calendar:
 def table_step(dates: pd.Series) -> pd.Timedelta:
     """The table's step: the most common gap between its consecutive distinct dates (one day when it has
     fewer than two)."""
-    distinct = np.unique(dates.dropna().to_numpy(dtype="datetime64[ns]"))
-    if len(distinct) < 2:
+    gaps = np.diff(np.sort(dates.dropna().to_numpy(dtype="datetime64[ns]")))
+    gaps = gaps[gaps > np.timedelta64(0, "ns")]  # between distinct dates
+    if not len(gaps):
         return pd.Timedelta(days=1)
-    gaps, counts = np.unique(np.diff(distinct), return_counts=True)
-    return pd.Timedelta(gaps[counts.argmax()])
+    counts = pd.Series(gaps).value_counts().sort_index()  # hashed: a few distinct gaps; a tie: the shortest
+    return pd.Timedelta(counts.index[int(np.argmax(counts.to_numpy()))])
 
 
-def calendar_column(dates: pd.Series, spec: DerivedColumn, field: str, calendar: Calendar) -> np.ndarray:
-    """(n,) float64: the derived column ``spec`` (kind calendar or holiday) of the table's ``dates``."""
-    local = local_time(dates, calendar.timezone)
+def calendar_column(dates: pd.Series, spec: DerivedColumn, field: str, calendar: Calendar,
+                    local: Optional[pd.Series] = None) -> np.ndarray:
+    """(n,) float64: the derived column ``spec`` (kind calendar or holiday) of the table's ``dates`` (``local``:
+    their local wall times when already read, `tamrun.data.dates.local_time`)."""
+    local = local_time(dates, calendar.timezone) if local is None else local
     if spec.kind == "holiday":
         return day_flags(local, lambda days: holidays_on(days, calendar, spec.bridge))
     part = spec.part

@@ -11,9 +11,9 @@ import pandas as pd
 from tamrun.config.schema import HISTORY_KINDS, DerivedColumn
 from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.data.calendar import Calendar, calendar_column
-from tamrun.data.dates import read_dates
+from tamrun.data.dates import local_time, read_dates
 from tamrun.data.file_kind import use_one_of
-from tamrun.data.history import HistoryTail, history_column
+from tamrun.data.history import HistoryTail, TimeOrder, history_column
 from tamrun.errors import DataError
 
 
@@ -36,6 +36,8 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
     the ones before it.
     """
     out = frame.copy(deep=False)
+    orders: Dict[Optional[str], TimeOrder] = {}  # the rows' time orders, sorted once for every history column
+    local: Optional[pd.Series] = None  # the dates' local wall times, read once for every calendar column
     for name, spec in derived.items():
         field = f"data.derived.{name}"
         if spec.kind == "time_index":
@@ -51,11 +53,12 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
         elif spec.kind in HISTORY_KINDS:
             timezone = None if calendar is None else calendar.timezone
-            out[name] = history_column(out, spec, field, date_column, group, timezone)
+            out[name] = history_column(out, spec, field, date_column, group, timezone, orders)
         elif spec.kind in ("calendar", "holiday"):
             if calendar is None or calendar.step_seconds is None:
                 calendar = Calendar.of_table(calendar, out[date_column])
-            out[name] = calendar_column(out[date_column], spec, field, calendar)
+            local = local_time(out[date_column], calendar.timezone) if local is None else local
+            out[name] = calendar_column(out[date_column], spec, field, calendar, local)
         else:  # expr (kinds are checked by tamrun.config.checks)
             out[name] = evaluate(f"{field}.expr", spec.expr, out)
     return out
