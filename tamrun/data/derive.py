@@ -124,6 +124,17 @@ class DataRecipe:
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
+    def raw_sources(self, column: str, present: Iterable[str]) -> List[str]:
+        """The columns of a table to predict (``present``: those it holds) that ``column`` is computed from,
+        through derived columns of derived columns (an ``isin`` of a calendar part reads the date): itself
+        when it is given or not derived, a history column itself when no kept tail gives it."""
+        present = list(present)
+        if column in present or column not in self.derived:
+            return [column]
+        sources = self.sources(column, [*present, *self.derived])
+        return [raw for source in sources
+                for raw in ([source] if source == column else self.raw_sources(source, present))]
+
     def needed(self, columns: Optional[Iterable[str]]) -> Dict[str, DerivedColumn]:
         """The derived columns ``columns`` (None: all) and the group (data.group) are or read, those read by them
         included (an ``isin``'s or an expression's earlier derived columns), in config order."""
