@@ -41,7 +41,7 @@ from tamrun.errors import ConfigError, DataError, NumericalError
 from tamrun.fit.evaluate import predictions_table
 from tamrun.fit.fitted import FittedModel, predict_rows
 from tamrun.fit.support import training_support
-from tamrun.memory.footprint import ProblemSize, problem_size, recording_bytes
+from tamrun.memory.footprint import ProblemSize, derive_bytes, problem_size, recording_bytes
 from tamrun.memory.guard import ChunkLoop, RoomCheck, no_room_check
 from tamrun.memory.oracle import MemoryOracle, Plan
 from tamrun.machine.placement import HOST
@@ -79,10 +79,11 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     numeric = model_columns(config, specs)
     loaded = read_table(data, *file_columns(data, numeric), room=room, window=read_window(config), chunk=chunk)
     frame = loaded.frame
-    room("deriving and checking the data", "check", frame_bytes(frame))
+    room("deriving the data", "derive", derive_bytes(len(frame), len(data.derived)))
     calendar = Calendar.of(data, frame[data.date_column])
     origin = loaded.origin if loaded.origin is not None else frame[data.date_column].min()  # before any row is dropped
     frame = add_derived_columns(frame, data.derived, data.date_column, origin, calendar, data.group)
+    room("checking the data", "check", frame_bytes(frame))
     if reads_history(data.derived):  # the rows outside the periods were read as history only
         frame = frame[in_periods(frame, config.split, data.date_column, data.timezone).to_numpy()]
     check_table(frame, numeric, data.group, data.date_column)
@@ -137,11 +138,11 @@ def skip_update_columns(config: Config) -> Dict[str, str]:
 
 def file_columns(data: DataConfig, numeric: Dict[str, str]) -> Tuple[Dict[str, str], Set[str]]:
     """The columns a run reads from the file: (config field -> column that must exist: the target, the
-    group, the effects' columns that are not derived, the derived columns' sources; the names a derived
-    expression mentions, read when present)."""
+    group unless it is derived, the effects' columns that are not derived, the derived columns' sources; the
+    names a derived expression mentions, read when present)."""
     sources, mentioned = derived_sources(data.derived)
     required = {field: column for field, column in numeric.items() if column not in data.derived}
-    if data.group:
+    if data.group and data.group not in data.derived:  # a derived group is read from the date (data.derived)
         required["data.group"] = data.group
     return {**required, **sources}, mentioned
 

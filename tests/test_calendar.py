@@ -29,7 +29,7 @@ from tamrun.tracking.model_state import load_state
 from test_secrets import tamrun
 
 PARIS = "Europe/Paris"
-PARTS = ["time_of_day", "hour", "day_of_week", "day_of_year", "week", "month", "weekend", "day_off"]
+PARTS = ["time_of_day", "hour", "day_of_week", "day_of_year", "year_fraction", "week", "month", "weekend", "day_off"]
 DERIVED = {part: DerivedColumn(kind="calendar", part=part) for part in PARTS}
 # The preset's run on two sites: 2021 trains, the first quarter of 2022 is tested.
 RUN = ["data=csv", "data.target=load", "data.group=site", "model=calendar", "data.holidays=FR",
@@ -146,6 +146,7 @@ def test_the_parts_of_hand_picked_dates():
     assert part_of(dates, DerivedColumn(kind="calendar", part="time_of_day"), step_seconds=1800.0) == [47, 0, 25]
     assert part_of(dates, DerivedColumn(kind="calendar", part="day_of_week")) == [3, 6, 3]
     assert part_of(dates, DerivedColumn(kind="calendar", part="day_of_year")) == [60, 3, 366]
+    assert part_of(dates, DerivedColumn(kind="calendar", part="year_fraction")) == [60 / 366, 3 / 365, 1.0]
     assert part_of(dates, DerivedColumn(kind="calendar", part="week")) == [9, 53, 53]  # ISO: 3 Jan 2021 ends week 53
     assert part_of(dates, DerivedColumn(kind="calendar", part="month")) == [2, 1, 12]
     assert part_of(dates, DerivedColumn(kind="calendar", part="weekend")) == [0, 1, 0]
@@ -172,7 +173,7 @@ def test_public_holidays_bridge_days_and_a_region_s_own():
     (["data.timezone=Europe/Pari"], "data.timezone='Europe/Pari'", "IANA"),
     (["data.holidays=fr"], "data.holidays='fr'", "data.holidays=FR"),
     (["data.holidays=DE", "data.holiday_subdivision=ZZ"], "data.holiday_subdivision='ZZ'", "BY"),
-    (["+data.derived.x={kind: holiday}"], "data.holidays=None", "data.holidays=FR"),
+    (["+data.derived.x={kind: holiday}", "data.holidays=null"], "data.holidays=None", "data.holidays=FR"),
     (["+data.derived.x={kind: calendar, part: month, bridge: true}"], "data.derived.x.bridge=True", "holiday"),
     (["data.timezone=Europe/Paris", "mode=adaptive"], "data.timezone='Europe/Paris'", "mode=run"),
 ], ids=["part", "timezone", "country-case", "subdivision", "holiday-without-country", "bridge", "adaptive"])

@@ -468,8 +468,42 @@ def test_the_file_columns_read_and_a_sharded_run_s_refusal(compose_cfg):
                                    "d1": DerivedColumn(kind="lag", column="load", by="1D"),
                                    "s": DerivedColumn(kind="smooth", column="temperature", factor=0.9)})
     assert required == {"data.derived.d1.column": "load", "data.derived.s.column": "temperature"}
-    config, specs = typed_config(compose_cfg("+data.derived.s={kind: smooth, column: temperature, factor: 0.9, "
+    config, specs = typed_config(compose_cfg("~data.derived.tod", "data.group=tod",  # the file's own group
+                                             "+data.derived.s={kind: smooth, column: temperature, factor: 0.9, "
                                              "over: table}"))
-    with pytest.raises(ConfigError, match=r"data.derived.s.over='table': shard.over=ray fits chunks of groups as tasks "
+    with pytest.raises(ConfigError, match=r"data.derived.\w+.over='table': shard.over=ray fits chunks of groups as tasks "
                                           r"of a Ray cluster, but a column over the whole table reads every group's"):
         require_shardable(config, specs)
+
+
+def test_deriving_the_national_columns_allocates_less_than_the_guard_s_estimate(compose_cfg):
+    """The derive step's estimate (`derive_bytes`: the columns it makes and DERIVE_WORK_COLUMNS more, what the
+    room check before it asks for) is an upper bound of what `add_derived_columns` really allocates at its peak
+    (tracemalloc, which numpy's arrays report to), on the national preset's twelve derived columns over the whole
+    embedded table (its dates sorted: over-table columns in place; its lags per half-hour: sorted once). Measured
+    on the second call: the first also caches the holiday calendar and imports the holidays package."""
+    import tracemalloc
+
+    from tamrun.config.load import typed_config
+    from tamrun.memory.footprint import DERIVE_WORK_COLUMNS, derive_bytes
+
+    config, _ = typed_config(compose_cfg("model=spline"))
+    data = config.data
+    frame = read_table(data, {"data.target": "Load", "temperature": "temperature"}).frame
+    calendar = Calendar.of(data, frame[data.date_column])
+
+    def derive() -> pd.DataFrame:
+        return add_derived_columns(frame, data.derived, data.date_column, None, calendar, data.group)
+
+    expected = derive()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        derived = derive()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert len(data.derived) == 12 and len(frame) == 227_904
+    assert peak <= derive_bytes(len(frame), len(data.derived)), (peak / 2**20, DERIVE_WORK_COLUMNS)
+    assert peak >= 8 * len(frame) * len(data.derived)  # it did make the columns (a measurement that can fail)
+    pd.testing.assert_frame_equal(derived, expected)

@@ -51,6 +51,7 @@ def national(tmp_path_factory):
     result = run(cfg)
     rows = pd.read_csv(embedded_path(), dtype={"date": str})  # the file as it is: dates are text
     rows = rows[rows["date"].str.startswith(DAYS)].reset_index(drop=True)
+    rows = rows.assign(**run_inputs(cfg, rows))
     test = result.predictions[result.predictions["split"] == "test"].set_index(["date", "group"])[["predicted", *BANDS]]
     expected = test.loc[list(zip(pd.to_datetime(rows["date"]), rows["tod"]))].to_numpy()
     client = mlflow.MlflowClient(tracking_uri=store)
@@ -58,6 +59,19 @@ def national(tmp_path_factory):
     model = mlflow.artifacts.download_artifacts(artifact_uri=logged.artifact_location, dst_path=str(folder / "model"))
     return {"store": store, "run_id": result.run_id, "rows": rows, "expected": expected, "model": model,
             "folder": folder}
+
+
+def run_inputs(cfg, rows: pd.DataFrame) -> dict:
+    """The columns the run derived (conf/derived/national.yaml) for ``rows``' dates, in place of the file's made
+    copies: served rows carry the inputs the run read (a smoothed temperature is given, not rebuilt from the
+    few rows sent)."""
+    from tamrun.config.load import typed_config
+    from tamrun.pipeline import load_splits
+
+    config, specs = typed_config(cfg)
+    test = load_splits(config, specs).test.set_index(config.data.date_column)
+    dates = pd.to_datetime(rows["date"])
+    return {name: test.loc[dates, name].to_numpy() for name in config.data.derived if name in rows.columns}
 
 
 def invoke(url: str, body: bytes, content_type: str) -> pd.DataFrame:

@@ -28,6 +28,10 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 RESULT_PREFIX = "BENCH_RESULT "
+# The embedded file's made columns (tamrun/data/national/README.md): the peer reads them from the file, so
+# tamrun's side reads them too, not the ones it derives (conf/derived/national.yaml): both fit the same inputs.
+SHIPPED_COLUMNS = ("tod", "Load_d1", "Load_d7", "temperature_smooth_950", "temperature_smooth_990",
+                   "temperature_max_smooth_990", "temperature_min_smooth_950", "toy", "day_type_week", "day_type_jf")
 
 
 def _status_bytes(field: str) -> int:
@@ -88,8 +92,10 @@ def _timed(fn: Callable[[], object], device: str) -> Tuple[object, float]:
 
 
 def tamrun_config(args: argparse.Namespace):
-    """tamrun's typed config and effect specs for this run (tracking off, the cap as memory.limit)."""
+    """tamrun's typed config and effect specs for this run (tracking off, the cap as memory.limit; on the embedded
+    table its made columns read from the file, as the peer reads them: `SHIPPED_COLUMNS`)."""
     from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
 
     from tamrun.config.load import config_dir, typed_config
     from tamrun.config.store import register_configs
@@ -103,6 +109,10 @@ def tamrun_config(args: argparse.Namespace):
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
+    if cfg.data.source == "embedded":
+        with open_dict(cfg):
+            for name in SHIPPED_COLUMNS:
+                cfg.data.derived.pop(name, None)
     return typed_config(cfg)
 
 

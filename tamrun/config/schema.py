@@ -168,10 +168,11 @@ class OutlierPolicy(str, Enum):
 
 # The parts of the date a derived column of kind calendar reads (tamrun/data/calendar.py), in local time
 # (data.timezone): hour (0-23), time_of_day (the index of the time within its day in steps of the table's
-# own: 0-23 hourly, 0-47 half-hourly), day_of_week (0 = Monday), day_of_year (1-366), week (ISO, 1-53),
-# month (1-12), weekend (1.0 on Saturday and Sunday), day_off (1.0 on a weekend or a public holiday of
-# data.holidays).
-CALENDAR_PARTS = ("time_of_day", "hour", "day_of_week", "day_of_year", "week", "month", "weekend", "day_off")
+# own: 0-23 hourly, 0-47 half-hourly), day_of_week (0 = Monday), day_of_year (1-366), year_fraction
+# (day_of_year over the days of its year: 1/365 .. 1), week (ISO, 1-53), month (1-12), weekend (1.0 on
+# Saturday and Sunday), day_off (1.0 on a weekend or a public holiday of data.holidays).
+CALENDAR_PARTS = ("time_of_day", "hour", "day_of_week", "day_of_year", "year_fraction", "week", "month", "weekend",
+                  "day_off")
 # The derived kinds that read earlier rows (tamrun/data/history.py), the statistics of a rolling window and of
 # a smooth's day, and the rows a history column reads.
 HISTORY_KINDS = ("lag", "rolling", "smooth")

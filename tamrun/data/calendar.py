@@ -8,6 +8,7 @@ calendar (kind ``calendar``, `tamrun.config.schema.CALENDAR_PARTS`) and the publ
     hour          the local hour, 0..23
     day_of_week   0 = Monday ... 6 = Sunday
     day_of_year   1..366
+    year_fraction day_of_year / the days of its year: 1/365 (1 January) .. 1 (31 December), the national table's toy
     week          the ISO week, 1..53
     month         1..12
     weekend       1.0 on Saturday and Sunday
@@ -68,16 +69,19 @@ class Calendar:
 def table_step(dates: pd.Series) -> pd.Timedelta:
     """The table's step: the most common gap between its consecutive distinct dates (one day when it has
     fewer than two)."""
-    distinct = np.unique(dates.dropna().to_numpy(dtype="datetime64[ns]"))
-    if len(distinct) < 2:
+    gaps = np.diff(np.sort(dates.dropna().to_numpy(dtype="datetime64[ns]")))
+    gaps = gaps[gaps > np.timedelta64(0, "ns")]  # between distinct dates
+    if not len(gaps):
         return pd.Timedelta(days=1)
-    gaps, counts = np.unique(np.diff(distinct), return_counts=True)
-    return pd.Timedelta(gaps[counts.argmax()])
+    counts = pd.Series(gaps).value_counts().sort_index()  # hashed: a few distinct gaps; a tie: the shortest
+    return pd.Timedelta(counts.index[int(np.argmax(counts.to_numpy()))])
 
 
-def calendar_column(dates: pd.Series, spec: DerivedColumn, field: str, calendar: Calendar) -> np.ndarray:
-    """(n,) float64: the derived column ``spec`` (kind calendar or holiday) of the table's ``dates``."""
-    local = local_time(dates, calendar.timezone)
+def calendar_column(dates: pd.Series, spec: DerivedColumn, field: str, calendar: Calendar,
+                    local: Optional[pd.Series] = None) -> np.ndarray:
+    """(n,) float64: the derived column ``spec`` (kind calendar or holiday) of the table's ``dates`` (``local``:
+    their local wall times when already read, `tamrun.data.dates.local_time`)."""
+    local = local_time(dates, calendar.timezone) if local is None else local
     if spec.kind == "holiday":
         return day_flags(local, lambda days: holidays_on(days, calendar, spec.bridge))
     part = spec.part
@@ -91,8 +95,10 @@ def calendar_column(dates: pd.Series, spec: DerivedColumn, field: str, calendar:
                      "FR to count its public holidays too)", field)
         return day_flags(local, lambda days: (weekday(days) >= 5) | holidays_on(days, calendar, spec.bridge))
     values = {"hour": lambda: local.dt.hour, "day_of_week": lambda: local.dt.day_of_week,
-              "day_of_year": lambda: local.dt.day_of_year, "week": lambda: local.dt.isocalendar().week,
-              "month": lambda: local.dt.month, "weekend": lambda: local.dt.day_of_week >= 5}[part]()
+              "day_of_year": lambda: local.dt.day_of_year,
+              "year_fraction": lambda: local.dt.day_of_year / (365 + local.dt.is_leap_year.astype(np.int64)),
+              "week": lambda: local.dt.isocalendar().week, "month": lambda: local.dt.month,
+              "weekend": lambda: local.dt.day_of_week >= 5}[part]()
     return np.asarray(values, dtype=np.float64)
 
 

@@ -31,24 +31,31 @@ def apply_nan_policy(frame: pd.DataFrame, columns: Mapping[str, str], policy: Na
     """Refuse (``error``) or drop (``drop``) rows with NaN or infinite values in the used columns (``hints``:
     column -> the fix a refusal names, for the columns whose NaN have a cause of their own)."""
     used = list(dict.fromkeys(columns.values()))
-    values = frame[used].to_numpy(dtype=np.float64)
-    bad_rows = ~np.isfinite(values).all(axis=1)
+    finite = {column: finite_values(frame[column]) for column in used}  # one column at a time: no (n, k) copy
+    bad_rows = np.zeros(len(frame), dtype=bool)
+    for column in used:
+        bad_rows |= ~finite[column]
     if not bad_rows.any():
         return frame
     if policy == NanPolicy.drop and bad_rows.all():
-        empty = [c for c, finite in zip(used, np.isfinite(values).any(axis=0)) if not finite]
+        empty = [c for c in used if not finite[c].any()]
         raise DataError("data.nan_policy", policy.value, f"every one of the {len(frame)} row(s) holds NaN or inf in "
                         f"a used column (no finite value at all in {empty}): dropping them leaves no data",
                         "clean the data, or remove the effects on those columns")
     if policy == NanPolicy.drop:
         log.warning("dropping %d row(s) with NaN/inf in %s (data.nan_policy=drop)", int(bad_rows.sum()), used)
         return frame[~bad_rows]
-    counts = (~np.isfinite(values)).sum(axis=0)
+    counts = [int((~finite[c]).sum()) for c in used]
     worst = int(np.argmax(counts))
     field = next(f for f, c in columns.items() if c == used[worst])
     raise DataError(field, used[worst], f"{int(counts[worst])} row(s) hold NaN or inf in this column "
                     f"({int(bad_rows.sum())} row(s) in all used columns)", (hints or {}).get(
                         used[worst], "clean the data, or set data.nan_policy=drop to drop those rows"))
+
+
+def finite_values(column: pd.Series) -> np.ndarray:
+    """(n,) bool: where ``column``'s values are finite numbers."""
+    return np.isfinite(column.to_numpy(dtype=np.float64, na_value=np.nan))
 
 
 def plain(value):

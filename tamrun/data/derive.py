@@ -11,9 +11,9 @@ import pandas as pd
 from tamrun.config.schema import HISTORY_KINDS, DerivedColumn
 from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.data.calendar import Calendar, calendar_column
-from tamrun.data.dates import read_dates
+from tamrun.data.dates import local_time, read_dates
 from tamrun.data.file_kind import use_one_of
-from tamrun.data.history import HistoryTail, history_column
+from tamrun.data.history import HistoryTail, TimeOrder, history_column
 from tamrun.errors import DataError
 
 
@@ -36,6 +36,8 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
     the ones before it.
     """
     out = frame.copy(deep=False)
+    orders: Dict[Optional[str], TimeOrder] = {}  # the rows' time orders, sorted once for every history column
+    local: Optional[pd.Series] = None  # the dates' local wall times, read once for every calendar column
     for name, spec in derived.items():
         field = f"data.derived.{name}"
         if spec.kind == "time_index":
@@ -51,28 +53,27 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
         elif spec.kind in HISTORY_KINDS:
             timezone = None if calendar is None else calendar.timezone
-            out[name] = history_column(out, spec, field, date_column, group, timezone)
+            out[name] = history_column(out, spec, field, date_column, group, timezone, orders)
         elif spec.kind in ("calendar", "holiday"):
             if calendar is None or calendar.step_seconds is None:
                 calendar = Calendar.of_table(calendar, out[date_column])
-            out[name] = calendar_column(out[date_column], spec, field, calendar)
+            local = local_time(out[date_column], calendar.timezone) if local is None else local
+            out[name] = calendar_column(out[date_column], spec, field, calendar, local)
         else:  # expr (kinds are checked by tamrun.config.checks)
             out[name] = evaluate(f"{field}.expr", spec.expr, out)
     return out
 
 
 def derived_sources(derived: Mapping[str, DerivedColumn]) -> Tuple[Dict[str, str], Set[str]]:
-    """The file columns the derived columns read: (config field -> column of each ``isin``, and of each
-    history column unless it reads an earlier derived column: each must exist; the names an ``expr`` mentions,
+    """The file columns the derived columns read: (config field -> column of each ``isin`` and each history
+    column, unless it reads an earlier derived column: each must exist; the names an ``expr`` mentions,
     which are read when they are columns). An expression that is not allowed is refused here, before any data
     is read (`tamrun.config.expr.parse_expression`)."""
     required: Dict[str, str] = {}
     mentioned: Set[str] = set()
     earlier: Set[str] = set()
     for name, spec in derived.items():
-        if spec.kind == "isin" and spec.column:
-            required[f"data.derived.{name}.column"] = spec.column
-        elif spec.kind in HISTORY_KINDS and spec.column and spec.column not in earlier:
+        if spec.kind in ("isin", *HISTORY_KINDS) and spec.column and spec.column not in earlier:
             required[f"data.derived.{name}.column"] = spec.column
         elif spec.kind == "expr" and spec.expr:
             mentioned.update(names(parse_expression(f"data.derived.{name}.expr", spec.expr)))
@@ -123,12 +124,23 @@ class DataRecipe:
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
+    def raw_sources(self, column: str, present: Iterable[str]) -> List[str]:
+        """The columns of a table to predict (``present``: those it holds) that ``column`` is computed from,
+        through derived columns of derived columns (an ``isin`` of a calendar part reads the date): itself
+        when it is given or not derived, a history column itself when no kept tail gives it."""
+        present = list(present)
+        if column in present or column not in self.derived:
+            return [column]
+        sources = self.sources(column, [*present, *self.derived])
+        return [raw for source in sources
+                for raw in ([source] if source == column else self.raw_sources(source, present))]
+
     def needed(self, columns: Optional[Iterable[str]]) -> Dict[str, DerivedColumn]:
-        """The derived columns ``columns`` (None: all) are or read, those read by them included (an ``isin``'s
-        or an expression's earlier derived columns), in config order."""
+        """The derived columns ``columns`` (None: all) and the group (data.group) are or read, those read by them
+        included (an ``isin``'s or an expression's earlier derived columns), in config order."""
         if columns is None:
             return dict(self.derived)
-        wanted = set(columns)
+        wanted = {*columns, *([self.group] if self.group else [])}
         for name in reversed(list(self.derived)):
             if name in wanted:
                 wanted.update(self.sources(name, self.derived))
@@ -142,6 +154,10 @@ class DataRecipe:
             return frame
         if self.date_column in frame.columns:
             frame = frame.assign(**{self.date_column: self.dates(frame)})
+        if self.group in missing:  # a derived group first: the history's rows are matched by it
+            grouping = {name: spec for name, spec in self.needed([]).items() if name in missing}
+            frame = add_derived_columns(frame, grouping, self.date_column, self.origin, self.calendar)
+            missing = {name: spec for name, spec in missing.items() if name not in grouping}
         history = {name: spec for name, spec in missing.items() if spec.kind in HISTORY_KINDS}
         if history and self.tail is not None:
             out = add_derived_columns(self.tail.before(frame, self.date_column, self.group), missing, self.date_column,

@@ -23,8 +23,9 @@ computed, and put back.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -67,8 +68,9 @@ def lookback(derived: Mapping[str, DerivedColumn]) -> Optional[pd.Timedelta]:
 
 
 def history_column(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column: str, group: Optional[str],
-                   timezone: Optional[str]) -> np.ndarray:
-    """(n,) float64: the history column ``spec`` of ``frame``'s rows, in their order."""
+                   timezone: Optional[str], orders: Optional[Dict[Optional[str], "TimeOrder"]] = None) -> np.ndarray:
+    """(n,) float64: the history column ``spec`` of ``frame``'s rows, in their order. ``orders``: the time
+    orders of ``frame`` already sorted (`time_order`), shared by the columns of one `add_derived_columns`."""
     if spec.column not in frame.columns:
         raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(frame.columns))
     try:
@@ -76,39 +78,105 @@ def history_column(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_co
     except (TypeError, ValueError):
         raise DataError(f"{field}.column", spec.column, f"a {spec.kind} column reads numbers, and this column holds "
                         "text", "name a numeric column") from None
-    keys, dates = ordered_keys(frame, spec, field, date_column, group)
+    ordered = time_order(frame, spec, field, date_column, group, timezone, {} if orders is None else orders)
     if not len(frame):
         return np.empty(0)
-    order = np.lexsort((dates, keys))
-    keys, dates, values = keys[order], dates[order], values[order]
+    values = ordered.sort(values)
     if spec.kind == "lag":
-        found = lag_values(keys, dates, values, span(f"{field}.by", spec.by), timezone)
+        found = lag_values(ordered, values, span(f"{field}.by", spec.by))
     elif spec.kind == "rolling":
-        found = rolling_values(keys, dates, values, spec, field, timezone)
+        found = rolling_values(ordered, values, spec, field)
     elif spec.daily is not None:
-        found = daily_smooth(keys, dates, values, spec, timezone)
+        found = daily_smooth(ordered, values, spec)
     else:
-        found = smooth_values(keys, values, float(spec.factor))
-    out = np.empty(len(found))
-    out[order] = found
-    return out
+        found = smooth_values(ordered.keys, values, float(spec.factor))
+    del values
+    return ordered.unsort(found)
 
 
-def ordered_keys(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column: str,
-                 group: Optional[str]) -> Tuple[np.ndarray, np.ndarray]:
-    """(group codes (n,) int64, dates (n,) datetime64[ns]) of ``frame``'s rows: one code for every row under
-    ``over: table`` (two rows of one date refused) or without data.group."""
-    dates = frame[date_column].to_numpy(dtype="datetime64[ns]")
-    by_group = spec.over != "table" and group is not None and group in frame.columns
-    keys = (pd.factorize(frame[group])[0].astype(np.int64) + 1 if by_group else np.zeros(len(frame), dtype=np.int64))
+@dataclass(eq=False)  # arrays: compared by identity
+class TimeOrder:
+    """A table's rows sorted stably by (group, date) once and shared by its history columns: the frame's row of
+    each sorted row (``order``), the sorted group codes and dates, and, computed when first asked and then kept,
+    the dates' local wall times and their ranks (what lags and windows look up)."""
+
+    order: Optional[np.ndarray]  # (n,) int64; None: the rows are in that order already
+    keys: np.ndarray  # (n,) int64 group codes (all 0: one time order)
+    dates: np.ndarray  # (n,) datetime64[ns], sorted within each group
+    timezone: Optional[str]
+    kept: Dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, date_column: str, group: Optional[str], timezone: Optional[str]) -> "TimeOrder":
+        """``frame``'s rows in the order of (``group``'s codes, date); None: of the date alone."""
+        dates = frame[date_column].to_numpy(dtype="datetime64[ns]")
+        if group is None:
+            if not len(dates) or bool((dates[1:] >= dates[:-1]).all()):  # sorted by date (the read sorts it): as is
+                return cls(None, np.zeros(len(frame), dtype=np.int64), dates, timezone)
+            order = np.argsort(dates, kind="stable")
+            return cls(order, np.zeros(len(frame), dtype=np.int64), dates[order], timezone)
+        codes = pd.factorize(frame[group])[0].astype(np.int64) + 1
+        order = np.lexsort((dates, codes))
+        return cls(order, codes[order], dates[order], timezone)
+
+    def sort(self, values: np.ndarray) -> np.ndarray:
+        """``values`` of the frame's rows in the sorted order."""
+        return values if self.order is None else values[self.order]
+
+    def unsort(self, found: np.ndarray) -> np.ndarray:
+        """``found`` (in the sorted order) in the frame's order."""
+        if self.order is None:
+            return found
+        out = np.empty(len(found))
+        out[self.order] = found
+        return out
+
+    @property
+    def local(self) -> pd.DatetimeIndex:
+        """The sorted dates as naive local wall times (`local_clock`)."""
+        if "local" not in self.kept:
+            self.kept["local"] = local_clock(self.dates, self.timezone)
+        return self.kept["local"]
+
+    def earlier(self, dates: np.ndarray, reach_back: Span, exact: bool) -> np.ndarray:
+        """`earlier` of ``dates`` (the sorted dates themselves: their local times are read once)."""
+        if not reach_back.days and not reach_back.elapsed:
+            return dates
+        return earlier(dates, reach_back, self.timezone, exact, self.local if dates is self.dates else None)
+
+    def positions(self, wanted: np.ndarray) -> np.ndarray:
+        """(n,) for each sorted row, the first sorted position at or after (its group, ``wanted``) (n where none;
+        NaT wanted: n)."""
+        n = len(self.dates)
+        valid = ~np.isnat(wanted)
+        if not len(self.keys) or self.keys[0] == self.keys[-1]:  # one time order: the sorted dates themselves
+            return np.where(valid, np.searchsorted(self.dates, wanted, side="left"), n)
+        if "ranked" not in self.kept:  # distinct dates (sorted, np.unique hashes: slower) and each row's rank
+            stamps = np.sort(self.dates)
+            stamps = stamps[np.r_[True, stamps[1:] != stamps[:-1]]]
+            scale = np.int64(len(stamps) + 1)
+            self.kept["ranked"] = stamps, scale, self.keys * scale + np.searchsorted(stamps, self.dates)
+        stamps, scale, combined = self.kept["ranked"]
+        asked = np.searchsorted(stamps, np.where(valid, wanted, stamps[-1]))
+        asked += self.keys * scale  # a wanted date between two stamps ranks as the later: the first at or after
+        return np.where(valid, np.searchsorted(combined, asked, side="left"), n)
+
+
+def time_order(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column: str, group: Optional[str],
+               timezone: Optional[str], orders: Dict[Optional[str], TimeOrder]) -> TimeOrder:
+    """The `TimeOrder` a history column reads (``orders``: those sorted already, this one added): one per group
+    under data.group (``over: group``), else one time order, two rows of one date refused (``over: table``)."""
+    grouped = group if spec.over != "table" and group is not None and group in frame.columns else None
+    if grouped not in orders:
+        orders[grouped] = TimeOrder.of(frame, date_column, grouped, timezone)
+    ordered = orders[grouped]
     if spec.over == "table":
-        ordered = np.sort(dates)
-        repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+        repeated = np.flatnonzero(ordered.dates[1:] == ordered.dates[:-1])
         if len(repeated):
             raise DataError(f"{field}.over", "table", f"{len(repeated)} row(s) share a date with another (first: "
-                            f"{pd.Timestamp(ordered[repeated[0]])}): the table has no single time order",
+                            f"{pd.Timestamp(ordered.dates[repeated[0]])}): the table has no single time order",
                             f"set {field}.over=group (each group of data.group in its own time order)")
-    return keys, dates
+    return ordered
 
 
 def local_clock(dates: np.ndarray, timezone: Optional[str]) -> pd.DatetimeIndex:
@@ -127,45 +195,37 @@ def table_clock(local: pd.DatetimeIndex, timezone: Optional[str], exact: bool) -
     return placed.tz_convert("UTC").tz_localize(None).to_numpy(dtype="datetime64[ns]")
 
 
-def earlier(dates: np.ndarray, reach_back: Span, timezone: Optional[str], exact: bool) -> np.ndarray:
+def earlier(dates: np.ndarray, reach_back: Span, timezone: Optional[str], exact: bool,
+            local: Optional[pd.DatetimeIndex] = None) -> np.ndarray:
     """(n,) datetime64[ns]: ``dates`` moved back by ``reach_back``: its days on the local calendar (the same clock
-    time), then its elapsed time (`table_clock`: ``exact``: NaT at a local time that does not exist)."""
+    time), then its elapsed time (`table_clock`: ``exact``: NaT at a local time that does not exist). ``local``:
+    ``dates``' local wall times when already read."""
     out = dates
     if reach_back.days:
-        out = table_clock(local_clock(out, timezone) - pd.Timedelta(days=reach_back.days), timezone, exact)
-    return out - reach_back.elapsed.to_timedelta64()
+        local = local_clock(out, timezone) if local is None else local
+        out = table_clock(local - pd.Timedelta(days=reach_back.days), timezone, exact)
+    return out - reach_back.elapsed.to_timedelta64() if reach_back.elapsed else out
 
 
-def positions(keys: np.ndarray, dates: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """(n,) for each row, the first position of the sorted (``keys``, ``dates``) at or after (its key,
-    ``wanted``) (n where none; NaT wanted: n)."""
-    valid = ~np.isnat(wanted)
-    stamps = np.sort(np.concatenate([dates, wanted[valid]]))  # distinct, sorted (np.unique hashes: slower)
-    stamps = stamps[np.r_[True, stamps[1:] != stamps[:-1]]]
-    scale = np.int64(len(stamps) + 1)
-    combined = keys * scale + np.searchsorted(stamps, dates)
-    asked = keys * scale + np.searchsorted(stamps, np.where(valid, wanted, stamps[-1] if len(stamps) else wanted))
-    return np.where(valid, np.searchsorted(combined, asked, side="left"), len(dates))
-
-
-def lag_values(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, by: Span, timezone: Optional[str]) -> np.ndarray:
+def lag_values(ordered: TimeOrder, values: np.ndarray, by: Span) -> np.ndarray:
     """(n,) each sorted row's value at exactly its date - ``by`` in its group (NaN where there is none)."""
-    wanted = earlier(dates, by, timezone, exact=True)
-    at = positions(keys, dates, wanted)
+    keys, dates = ordered.keys, ordered.dates
+    wanted = ordered.earlier(dates, by, exact=True)
+    at = ordered.positions(wanted)
     inside = np.minimum(at, len(dates) - 1)
     found = (at < len(dates)) & (keys[inside] == keys) & (dates[inside] == wanted)
     return np.where(found, values[inside], np.nan)
 
 
-def rolling_values(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec: DerivedColumn, field: str,
-                   timezone: Optional[str]) -> np.ndarray:
+def rolling_values(ordered: TimeOrder, values: np.ndarray, spec: DerivedColumn, field: str) -> np.ndarray:
     """(n,) each sorted row's ``spec.stat`` over its window (`rolling` in the module doc)."""
-    end = dates
+    end = ordered.dates
     if spec.align == "day":
-        end = table_clock(local_clock(dates, timezone).normalize(), timezone, exact=False)
-    upper = earlier(end, span(f"{field}.gap", spec.gap, zero=True), timezone, exact=False)
-    lower = earlier(upper, span(f"{field}.window", spec.window), timezone, exact=False)
-    lo, hi = positions(keys, dates, lower), positions(keys, dates, upper)
+        end = table_clock(ordered.local.normalize(), ordered.timezone, exact=False)
+    upper = ordered.earlier(end, span(f"{field}.gap", spec.gap, zero=True), exact=False)
+    lower = ordered.earlier(upper, span(f"{field}.window", spec.window), exact=False)
+    lo, hi = ordered.positions(lower), ordered.positions(upper)
+    del end, upper, lower
     if spec.stat == "mean":
         return window_mean(values, lo, hi)
     return window_extreme(values, lo, hi, np.fmin if spec.stat == "min" else np.fmax)
@@ -204,21 +264,23 @@ def window_sum(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 
 def window_extreme(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, reduce) -> np.ndarray:
     """(n,) ``reduce`` (np.fmin, np.fmax: NaN skipped) of each row's ``values[lo:hi]`` (NaN when empty): a sparse
-    table of the reductions over runs of 1, 2, 4 ... rows, up to the longest window, two look-ups a row."""
+    table of the reductions over runs of 1, 2, 4 ... rows, up to the longest window, two look-ups a row (the rows
+    of each run length at a time: the table is not stacked into one array)."""
     length = hi - lo
+    out = np.full(len(values), np.nan)
     if not len(values):
-        return np.empty(0)
+        return out
     level = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
-    levels = [values]  # levels[k][i]: the reduction of values[i:i + 2^k] (as far as the array goes)
-    while len(levels) <= int(level.max()):
-        half, last = 2 ** (len(levels) - 1), levels[-1]
-        nxt = last.copy()
-        nxt[:len(last) - half] = reduce(last[:len(last) - half], last[half:])
-        levels.append(nxt)
-    table = np.stack(levels)
     last_row = len(values) - 1
-    found = reduce(table[level, np.minimum(lo, last_row)], table[level, np.clip(hi - 2 ** level, 0, last_row)])
-    return np.where(length > 0, found, np.nan)
+    run = values  # run[i]: the reduction of values[i:i + 2^k] (as far as the array goes)
+    for k in range(int(level.max()) + 1):
+        if k:
+            half = 2 ** (k - 1)
+            run = run.copy() if k == 1 else run
+            run[:len(run) - half] = reduce(run[:len(run) - half], run[half:])
+        rows = np.flatnonzero((level == k) & (length > 0))
+        out[rows] = reduce(run[np.minimum(lo[rows], last_row)], run[np.clip(hi[rows] - 2 ** k, 0, last_row)])
+    return out
 
 
 def smooth_values(keys: np.ndarray, values: np.ndarray, factor: float) -> np.ndarray:
@@ -226,15 +288,16 @@ def smooth_values(keys: np.ndarray, values: np.ndarray, factor: float) -> np.nda
     NaN before a group's first finite value). Groups advance together, `SMOOTH_BLOCK` steps at a time: a block's
     values times the (B, B) matrix of weights (1 - factor) factor^(k - j), plus factor^(k + 1) times the state."""
     n = len(values)
-    finite = np.flatnonzero(np.isfinite(values))
+    finite = np.isfinite(values)
     smoothed = np.full(n, np.nan)
-    if len(finite):
+    if finite.any():
         smoothed[finite] = smooth_finite(keys[finite], values[finite], factor)
-    last = np.maximum.accumulate(np.where(np.isfinite(values), np.arange(n), -1)) if n else np.empty(0, np.int64)
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if n else np.empty(0, np.int64)
-    start = starts[np.searchsorted(starts, np.arange(n), side="right") - 1] if n else starts
-    carried = last >= start
-    return np.where(carried, smoothed[np.maximum(last, 0)], np.nan)
+    if finite.all():
+        return smoothed
+    rows = np.arange(n)
+    last = np.maximum.accumulate(np.where(finite, rows, -1))  # each row's last finite row so far
+    start = np.maximum.accumulate(np.where(np.r_[True, keys[1:] != keys[:-1]], rows, 0))  # its group's first row
+    return np.where(last >= start, smoothed[np.maximum(last, 0)], np.nan)
 
 
 def smooth_finite(keys: np.ndarray, values: np.ndarray, factor: float) -> np.ndarray:
@@ -259,11 +322,11 @@ def smooth_finite(keys: np.ndarray, values: np.ndarray, factor: float) -> np.nda
     return out
 
 
-def daily_smooth(keys: np.ndarray, dates: np.ndarray, values: np.ndarray, spec: DerivedColumn,
-                 timezone: Optional[str]) -> np.ndarray:
+def daily_smooth(ordered: TimeOrder, values: np.ndarray, spec: DerivedColumn) -> np.ndarray:
     """(n,) each sorted row's day's value of the smoothing, day by day, of its group's ``spec.daily`` of each local
     day (NaN values skipped)."""
-    days = local_clock(dates, timezone).normalize().to_numpy(dtype="datetime64[ns]")
+    keys = ordered.keys
+    days = ordered.local.normalize().to_numpy(dtype="datetime64[ns]")
     cuts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (days[1:] != days[:-1])])
     finite = np.isfinite(values)
     if spec.daily == "mean":

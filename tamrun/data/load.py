@@ -31,6 +31,17 @@ def embedded_path() -> Path:
     return Path(str(resources.files("tamrun.data") / "national" / EMBEDDED_NATIONAL))
 
 
+RAW_NATIONAL_COLUMNS = ("date", "Load", "temperature")  # what a raw table of the national load holds
+
+
+def write_raw_national(path: Path) -> Path:
+    """Write the embedded table as a raw one to ``path`` (CSV; compressed as its suffix says, e.g. .gz): its date,
+    Load and temperature only (`RAW_NATIONAL_COLUMNS`), every other column left for tamrun to derive
+    (conf/derived/national.yaml). Returns ``path``."""
+    pd.read_csv(embedded_path(), usecols=list(RAW_NATIONAL_COLUMNS), dtype=str).to_csv(path, index=False)
+    return Path(path)
+
+
 def table_path(cfg: DataConfig) -> Path:
     """The data the config names (data.path, or the embedded dataset): a folder of Parquet files, else a
     regular file; `DataError` otherwise, saying what it is (`tamrun.data.file_kind.regular_file`)."""

@@ -134,9 +134,9 @@ class FittedModel:
     def raw_columns(self, available: Iterable[str]) -> List[str]:
         """The columns of a raw table (the data's own columns, ``available``) the model reads: the group
         column, then each effect's column or, for a derived one, what it is computed from
-        (`DataRecipe.sources`); each once, in that order."""
+        (`DataRecipe.raw_sources`); each once, in that order."""
         available = list(available)
-        raw = [source for column in self.input_columns for source in self.recipe.sources(column, available)]
+        raw = [source for column in self.input_columns for source in self.recipe.raw_sources(column, available)]
         return list(dict.fromkeys(raw))
 
     def batch(self, frame: pd.DataFrame) -> GroupedBatch:

@@ -144,6 +144,8 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
         log.warning("data: the table may not fit in the free memory, and this run cannot stream it (%s): it is "
                     "read whole", refusal)
         return None
+    if refusal is not None and data.group in data.derived:  # its groups are not a column of the file to scan
+        raise refusal
     scan = scan_table(path, parquet, data, read_window(config))
     release_chunk()  # what the scan read
     row_bytes = table_row_bytes(config, specs, bool(scan.groups) and isinstance(scan.groups[0], str))
@@ -166,6 +168,11 @@ def require_streamable(config: Config, specs: Dict[str, Any], why: str = STREAM_
     """`ConfigError` naming the setting that needs every group at once, when the run is fitted in chunks of
     groups (``why``: the reason it is; ``fix``: the way out beside the setting's own)."""
     fix = " " + fix
+    group = config.data.group
+    if group and group in config.data.derived:
+        raise ConfigError("data.group", group, why + f"its groups are derived (data.derived.{group}) and a chunk reads "
+                          "its groups' rows by the file's group column", "give the file a group column and set "
+                          "data.group to it," + fix)
     if config.mode.name != ModeName.run:
         raise ConfigError("mode", config.mode.name.value, why + "only mode=run is fitted in chunks of groups", "run mode=run," + fix)
     if config.model.penalties == PenaltyMode.gcv:

@@ -252,16 +252,28 @@ def stream_row_bytes(numeric_columns: int, text_columns: int, levels: int = 0) -
 # Peak bytes a step of the data phase adds to what is already held, in copies of what it works on:
 #   read    the last block read: the next block's text and parsed columns
 #   join    the blocks read: their concatenation and the copy sorted by (date, group)
-#   check   the table: derived columns, NaN masks, the NaN policy's copy
+#   derive  the derived columns (data.derived) and, beside them, DERIVE_WORK_COLUMNS (n,) arrays: the rows'
+#           time orders the history columns share (order, group codes, dates, local times, ranks) and one
+#           column's look-ups, windows and temporaries (`derive_bytes`)
+#   check   the table with its derived columns: NaN masks, the periods' and the NaN policy's copies
 #   split   the table: the splits and the constant-column checks
 #   batch   the training table: the (G, N, F) tensors, filled one column at a time
 #   design  the widest effect's c columns of the training batch and one more, (G, N, c + 1): the design
 #           is fitted one effect at a time on its raw and scaled columns and their real rows (4 copies
 #           of c columns), after the ranges (two (G, N) temporaries)
 # Measured per step (RSS high-water mark, national table): 1.0-1.3 copies (check, split), 0.5-0.7
-# (batch), 3.5-3.6 (design); rounded up. A step is refused (exit 2) when it would not fit under the binding real
+# (batch), 3.5-3.6 (design); rounded up. derive: at most 19.4 working columns beside those made for one column
+# (a grouped 7-day rolling mean, its group's time order sorted), 18.2 for the national table's 12 (tracemalloc,
+# 2026-11-29); 24 leaves room for longer windows (one more array per doubling of a window's rows). A step is refused (exit 2) when it would not fit under the binding real
 # limit with memory.safety_margin still free (`tamrun.memory.guard.require_room`).
-DATA_STEP_COPIES = {"read": 3.0, "join": 2.0, "check": 1.5, "split": 1.5, "batch": 1.5, "design": 5.0}
+DATA_STEP_COPIES = {"read": 3.0, "join": 2.0, "derive": 1.0, "check": 1.5, "split": 1.5, "batch": 1.5, "design": 5.0}
+DERIVE_WORK_COLUMNS = 24
+
+
+def derive_bytes(rows: int, derived: int) -> int:
+    """Bytes of the (n,) float64 arrays the derive step holds at its peak: the ``derived`` columns it makes and
+    `DERIVE_WORK_COLUMNS` more (none without a derived column)."""
+    return 8 * rows * (derived + DERIVE_WORK_COLUMNS) if derived else 0
 
 
 def data_step_bytes(step: str, nbytes: int) -> int:

@@ -30,6 +30,7 @@ from tamrun.config.schema import OomConfig, schema_default
 from tamrun.errors import ConfigError, MemoryBudgetError
 from tamrun.memory.footprint import data_step_bytes
 from tamrun.machine.gpu import GPU_FIX, GpuMemory, is_device_oom
+from tamrun.machine.host import release_freed_host_memory
 from tamrun.machine.limits import HARD, WHAT, Limit, binding_limit
 from tamrun.machine.tracker import MemoryTracker
 from tamrun.config.units import format_size
@@ -130,6 +131,7 @@ class HostRoomWatch:
     margin: int
 
     def __call__(self, what: str, step: str = "", nbytes: int = 0) -> None:
+        release_freed_host_memory()  # the pages the last step freed are not in use: the kernel gets them back
         require_room(binding_limit(self.margin), what, data_step_bytes(step, nbytes) if step else 0)
 
 

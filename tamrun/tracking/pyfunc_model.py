@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
 import mlflow.pyfunc
+import numpy as np
 import pandas as pd
 
 import tamrun
@@ -98,12 +99,15 @@ class TamPyfuncModel(mlflow.pyfunc.PythonModel):
 
 
 def prediction_table(model: FittedModel, frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per row of ``frame``, in its order: its date and group columns (those it has) as given,
-    `PREDICTION` and, for a model with intervals, each level's (lower_80, upper_80, ...)."""
+    """One row per row of ``frame``, in its order: its date column (when it has it) and group column as given
+    (a derived group, data.group read from the date: the value the model derived), `PREDICTION` and, for a
+    model with intervals, each level's (lower_80, upper_80, ...)."""
     frame = pd.DataFrame(frame).reset_index(drop=True)
-    keys = [column for column in (model.recipe.date_column, model.recipe.group) if column and column in frame.columns]
-    table = frame[keys].copy()
+    date, group = model.recipe.date_column, model.recipe.group
+    table = frame[[date] if date in frame.columns else []].copy()
     predicted, codes = model.predict_with_groups(frame)
+    if group:
+        table[group] = frame[group] if group in frame.columns else np.asarray(model.groups, dtype=object)[codes]
     table[PREDICTION] = predicted
     if model.intervals is not None:
         table = table.assign(**model.intervals.columns(predicted, codes))
