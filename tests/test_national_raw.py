@@ -13,6 +13,7 @@ import logging
 import pandas as pd
 import pytest
 
+from tamrun.config.effects import effect_columns
 from tamrun.config.load import typed_config
 from tamrun.data.load import RAW_NATIONAL_COLUMNS, write_raw_national
 from tamrun.errors import ConfigError
@@ -79,3 +80,23 @@ def test_a_derived_group_is_refused_for_a_stream_naming_data_group(compose_cfg, 
     assert refused.value.field == "data.group" and refused.value.value == "tod"
     assert "its groups are derived (data.derived.tod)" in str(refused.value)
     assert "give the file a group column and set data.group to it" in str(refused.value)
+
+
+NATIONAL = ["model=" + name for name in ("fourier", "fourier_holidays", "fourier_lags", "spline", "spline_holidays",
+                                         "spline_lags", "forest", "forest_big", "forest_fourier", "static_day_ahead")]
+EXPERIMENTS = ["+experiment=" + name for name in ("day_ahead", "day_ahead_static", "day_ahead_aggregate",
+                                                  "day_ahead_aggregate_pool", "tune_penalties")]
+
+
+@pytest.mark.parametrize("choice", [*NATIONAL, *EXPERIMENTS])
+def test_every_national_preset_and_experiment_derives_the_same_data_from_the_raw_table(compose_cfg, raw, choice):
+    """Composed by Hydra for the embedded table and for the raw one: the same derived columns, group, holidays,
+    time zone and NaN policy, and every column an effect reads is derived (none read from the file's made
+    copies): the runs read the same rows from date, Load and temperature (the scores of a few are compared
+    above)."""
+    embedded, specs = typed_config(compose_cfg(choice))
+    from_raw, _ = typed_config(compose_cfg(choice, "data=csv", f"data.path={raw}", "data.target=Load"))
+    keys = ("derived", "group", "holidays", "timezone", "nan_policy", "target", "date_column")
+    assert {key: getattr(from_raw.data, key) for key in keys} == {key: getattr(embedded.data, key) for key in keys}
+    read = set(effect_columns(specs).values())
+    assert read <= set(embedded.data.derived) | set(RAW_NATIONAL_COLUMNS), read - set(embedded.data.derived)
