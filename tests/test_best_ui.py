@@ -5,8 +5,9 @@ against a real `mlflow server` (started here on 127.0.0.1, stopped here):
 - the link every run logs: the sweep's parent row, collapsed as the link opens it, names its best job
   (tag `best_job`) and that job's objective (metric `best_rmse_validation`), and their cells, the swept
   values' and the objective's lie inside the grid's visible part (no scrolling, no expanding);
-- the best job's charts (its page's "Model metrics" tab): the first section is MLflow's "Model metrics"
-  (the rmse_* and mape_* charts), before any data, interval, memory or time section.
+- the best job's charts (its page's "Model metrics" tab): its one section is MLflow's "Model metrics"
+  (the rmse_* and mape_* charts); the data, interval, memory and time charts are on the System metrics tab
+  (MLflow puts every prefixed section before "Model metrics": tamrun/tracking/metric_keys.py).
 
 Screenshots of both are saved in the test's tmp_path. The tests skip, saying why, without Chromium or
 playwright, and wait for elements and conditions, never for a fixed time.
@@ -21,7 +22,7 @@ from typing import Callable
 import pytest
 from mlflow import MlflowClient
 
-from tamrun.tracking.ui_view import CREATED_COLUMN, RUN_NAME_COLUMN, runs_table_url
+from tamrun.tracking.ui_view import CREATED_COLUMN, RUN_NAME_COLUMN, run_url, runs_table_url
 
 from servers import mlflow_server
 from test_cli import tamrun
@@ -37,6 +38,7 @@ BEST_METRIC = "metrics.`best_rmse_validation`"
 FIRST_SIGHT = [RUN_NAME_COLUMN, CREATED_COLUMN, SWEPT_TAG, BEST_JOB, BEST_METRIC, "metrics.`rmse_validation`",
                "metrics.`rmse_test`"]
 SECTION_HEADER = '[data-testid="experiment-view-compare-runs-section-header"]'
+FIRST_LINES_JS = "headers => headers.map(h => h.innerText.trim().split('\\n')[0])"  # a section's title
 # The cells of one row (by its row id) in the grid's unpinned part that lie outside its visible part.
 CELLS_OUTSIDE_JS = """([rowId, ids]) => {
   const body = document.querySelector('.ag-body-viewport').getBoundingClientRect();
@@ -109,3 +111,19 @@ def test_the_links_table_shows_the_best_job_and_the_swept_values_without_scrolli
     browse(folder, lambda uri: runs_table_url(uri, parent.info.experiment_id), check)
     assert shot.stat().st_size > 0
 
+
+
+def test_the_best_jobs_charts_open_with_the_model_metrics(sweep, tmp_path):
+    folder, parent = sweep
+    shot = tmp_path / "model_metrics.png"
+    sections = []
+
+    def check(page) -> None:
+        page.locator(SECTION_HEADER, has_text="Model metrics").first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        page.screenshot(path=str(shot))
+        sections.extend(page.eval_on_selector_all(SECTION_HEADER, FIRST_LINES_JS))
+
+    best_run = parent.data.tags["best_run"]
+    browse(folder, lambda uri: run_url(uri, parent.info.experiment_id, best_run) + "/model-metrics", check)
+    # the one section of the tab: the data, interval, memory and time charts are under the System metrics tab
+    assert sections == ["Model metrics"], f"sections in order: {sections} (screenshot {shot})"

@@ -20,7 +20,7 @@ def test_the_decisive_columns_come_first_and_the_others_after():
     assert order[:2] == [RUN_NAME_COLUMN, CREATED_COLUMN]  # the name and the status (the Created column's icon)
     assert order[2:9] == ["tags.`sweep.model`", *DECISIVE]  # the swept values first; no best job on rmse_test
     assert order[9:] == ["duration", "metrics.`cost_usd`", "attributes.`Dataset`", "attributes.`Models`",
-                         "metrics.`memory/oom_retries`",
+                         "metrics.`system/memory/oom_retries`",
                          "params.`model.name`"]
     assert set(order[2:]) - {"duration"} == set(view["selectedColumns"])
     assert set(view["columnWidths"]) == {CREATED_COLUMN, *order[2:9]}

@@ -28,7 +28,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from tamrun.tracking.metric_keys import metric_key
+from tamrun.tracking.metric_keys import LEGACY_PREFIXES, metric_key
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ BEST_JOB_TAG = f"{BEST_PREFIX}job"
 # Columns after the decisive ones: shown, but to the right (Duration cannot be hidden in the UI).
 # The run's cost (metric cost_usd, tamrun/tco/) first of them: the decisive columns use the width there is.
 TRAILING_COLUMNS = ("duration", "metrics.`cost_usd`", "attributes.`Dataset`", "attributes.`Models`",
-                    "metrics.`memory/oom_retries`", "params.`model.name`")
+                    "metrics.`system/memory/oom_retries`", "params.`model.name`")
 # The UI's own ids of its pinned columns and of the run's duration.
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 CREATED_COLUMN = "runDateAndNestInfo"  # the Created column: the run's status icon and its age
@@ -104,7 +104,7 @@ class RunsView:
         tags = [c[len("tags.`"):-1] for c in columns if c.startswith("tags.`")]
         trailing = [name for name in metrics if column("metrics", name) in TRAILING_COLUMNS]
         return cls(tuple(m for m in metrics if m not in DECISIVE_METRICS and m not in trailing
-                         and not m.startswith(BEST_PREFIX)),
+                         and not m.startswith((BEST_PREFIX, *LEGACY_PREFIXES))),
                    tuple(t for t in tags if t.startswith(SWEEP_TAG_PREFIX)))
 
 
