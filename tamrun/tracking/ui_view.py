@@ -50,9 +50,9 @@ TRAILING_COLUMNS = ("duration", "metrics.`cost_usd`", "attributes.`Dataset`", "a
 # The UI's own ids of its pinned columns and of the run's duration.
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 CREATED_COLUMN = "runDateAndNestInfo"  # the Created column: the run's status icon and its age
-# Pixel widths: at 1600 x 1000 with the assistant panel open the table shows 540 px beside its pinned
+# Pixel widths: at 1600 x 1000 with the assistant panel open the table shows 545 px beside its pinned
 # columns (checkbox 73, Run Name 190, Created): a swept value, the best job, its objective, the objective,
-# rmse_test and mape_test take 456 of them; tests/test_best_ui.py measures it.
+# rmse_test and mape_test take 448 of them (fit_seconds fits too); tests/test_best_ui.py measures it.
 WIDTHS = {"metrics": 72, "params": 62, "tags": 80, CREATED_COLUMN: 130}
 
 
