@@ -1,10 +1,11 @@
 """Screenshots of the MLflow UI, taken by headless Chromium against a real `mlflow server`.
 
 Starts `mlflow server` on 127.0.0.1 with a fresh sqlite store in a temporary folder, records a
-two-job sweep and a plain run into it over HTTP (python -m tamrun [-m] tracking.uri=http://127.0.0.1:PORT
-...), and saves as PNGs, 1600 pixels wide with MLflow's assistant panel open as a new user finds it, the
-experiment's run list, opened at the link every run logs (tamrun's shared view of the runs table: no
-column picked by hand), and the comparison of the sweep's two runs:
+two-job sweep chosen on a validation period and a plain run into it over HTTP (python -m tamrun [-m]
+tracking.uri=http://127.0.0.1:PORT ...), and saves as PNGs, 1600 pixels wide with MLflow's assistant
+panel open as a new user finds it, the experiment's run list, opened at the link every run logs
+(tamrun's shared view of the runs table: no column picked by hand), the best job's charts (its page's
+Model metrics tab) and the comparison of the sweep's two runs:
 
     python docs/ui_screenshots.py --out docs/img [--port 5077] [--chromium chromium]
 
@@ -28,11 +29,11 @@ import urllib.request
 from pathlib import Path
 from typing import List
 
-from tamrun.tracking.ui_view import runs_table_url
+from tamrun.tracking.ui_view import run_url, runs_table_url
 
 log = logging.getLogger("ui_screenshots")
 
-JOBS = ["model=fourier,spline"]  # the two runs to compare
+JOBS = ["model=fourier,spline", "split.validation_start=2023-01-01"]  # the two runs to compare, the best crowned
 PLAIN = ["model.effects.toy.m=8"]  # a plain run beside the sweep: its name says what it changed
 WIDTH = 1600
 # A tracking-only server: MLflow's job execution (GenAI scoring, trace archival) would keep both cores
@@ -74,11 +75,20 @@ def run_list(browser, base: str, experiment: str, path: Path) -> None:
     """The experiment's runs at the link every tamrun run logs (its columns are tamrun's shared view:
     nothing picked by hand), the sweep's parent expanded to list its jobs."""
     page = open_page(browser, runs_table_url(base, experiment), 560)
-    page.locator('.ag-header-cell[col-id="tags.`sweep.model`"]').wait_for(timeout=60_000)
+    page.locator('.ag-header-cell[col-id="tags.`best_job`"]').wait_for(timeout=60_000)
     row = page.locator(".ag-pinned-left-cols-container .ag-row", has_text="sweep-")
     row.locator('[col-id="attributes.`Run Name`"] button').click()  # the row's expand toggle
     page.wait_for_function("document.querySelectorAll('.ag-pinned-left-cols-container "
                            "[col-id=\"attributes.`Run Name`\"] a').length >= 4", timeout=60_000)  # its two jobs
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path))
+    log.info("saved %s", path)
+
+
+def charts(browser, base: str, experiment: str, run_id: str, path: Path) -> None:
+    """The best job's charts: its page's Model metrics tab, the model metrics' one section."""
+    page = open_page(browser, f"{run_url(base, experiment, run_id)}/model-metrics", 1000)
+    page.locator('[data-testid="experiment-view-compare-runs-section-header"]').first.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)
     page.screenshot(path=str(path))
     log.info("saved %s", path)
@@ -142,12 +152,16 @@ def main(argv: List[str] | None = None) -> None:
             runs = api(base, "runs/search", {"experiment_ids": [experiment],
                                               "filter": "tags.sweep_job != ''"})["runs"]
             ids = [r["info"]["run_id"] for r in runs]
+            parent = api(base, "runs/search", {"experiment_ids": [experiment],
+                                                "filter": "tags.sweep_role = 'parent'"})["runs"][0]
+            best = next(t["value"] for t in parent["data"]["tags"] if t["key"] == "best_run")
             from playwright.sync_api import sync_playwright
 
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
                 try:
                     run_list(browser, base, experiment, args.out / "mlflow_runs.png")
+                    charts(browser, base, experiment, best, args.out / "mlflow_run_charts.png")
                     comparison(browser, base, experiment, ids, args.out / "mlflow_compare.png")
                 finally:
                     browser.close()

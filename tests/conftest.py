@@ -321,7 +321,7 @@ def assert_priced(metrics: Dict[str, float], *phases: str) -> None:
 
 
 def by_name(logged: Dict[str, float]) -> Dict[str, float]:
-    """A run's logged metrics by plain name (``solver/cg_iterations`` -> ``cg_iterations``;
+    """A run's logged metrics by plain name (``system/solver/cg_iterations`` -> ``cg_iterations``;
     `tamrun.tracking.metric_keys`)."""
     from tamrun.tracking.metric_keys import metric_name
 

@@ -599,7 +599,7 @@ def test_nan_policy_drop_drops_and_says_how_many(tmp_path, monkeypatch, migrated
                                store=migrated_store)
     assert logged.info.status == "FINISHED"
     assert "dropping 3 row(s) with NaN/inf in ['y'" in text
-    assert logged.data.metrics["data/n_train_rows"] == 366 * 24 - 3  # 2020 is a leap year; rows 10, 20, 30 dropped
+    assert logged.data.metrics["system/data/n_train_rows"] == 366 * 24 - 3  # 2020 is a leap year; rows 10, 20, 30 dropped
 
 
 def test_nan_policy_drop_drops_the_rows_without_a_group(tmp_path, monkeypatch, migrated_store):
@@ -607,7 +607,7 @@ def test_nan_policy_drop_drops_the_rows_without_a_group(tmp_path, monkeypatch, m
                                "tracking.log_plots=false", store=migrated_store)
     assert logged.info.status == "FINISHED"
     assert "dropping 2 row(s) without a group in column 'g'" in text
-    assert logged.data.metrics["data/n_train_rows"] == 366 * 24 - 2  # rows 7 and 8 (in 2020) dropped
+    assert logged.data.metrics["system/data/n_train_rows"] == 366 * 24 - 2  # rows 7 and 8 (in 2020) dropped
 
 
 def test_a_group_smaller_than_the_model_is_a_warning_by_default(tmp_path, monkeypatch, migrated_store):

@@ -77,7 +77,7 @@ def test_many_small_groups_fit_in_one_chunk_and_match_the_dense_reference(many_g
     assert result.plan.fit.groups == GROUPS and result.stats.group_chunk == GROUPS  # one batch, not one by one
     client = MlflowClient(tracking_uri=store)
     recorded = client.get_run(result.run_id)
-    assert recorded.info.status == "FINISHED" and recorded.data.metrics["memory/chunk_groups"] == GROUPS
+    assert recorded.info.status == "FINISHED" and recorded.data.metrics["system/memory/chunk_groups"] == GROUPS
     report = json.loads(open(client.download_artifacts(result.run_id, "memory/report.json", str(folder))).read())
     assert report["plan"]["dual"] and report["plan"]["fit"]["groups"] == GROUPS  # the recorded plan
     config, specs = typed_config(cfg)

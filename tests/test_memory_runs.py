@@ -83,7 +83,7 @@ def test_faked_ooms_shrink_the_chunks_and_give_the_same_coefficients(compose_cfg
     assert relative_difference(result.coef, clean.coef) <= 1e-12
     client = MlflowClient(tracking_uri=store_uri)
     logged = client.get_run(result.run_id)
-    assert logged.info.status == "FINISHED" and logged.data.metrics["memory/oom_retries"] == 6
+    assert logged.info.status == "FINISHED" and logged.data.metrics["system/memory/oom_retries"] == 6
     report = client.download_artifacts(result.run_id, "memory/report.txt")
     text = open(report).read()
     assert "OOM events:" in text and "chunk 48 -> 33" in text and "smallest memory.limit" in text

@@ -121,7 +121,7 @@ def test_one_group_far_outside_its_training_data_is_withheld_and_the_run_finishe
     client = MlflowClient(tracking_uri=store_uri)
     recorded = client.get_run(result.run_id)
     assert recorded.info.status == "FINISHED" and recorded.data.metrics["groups_unsupported"] == 1
-    assert recorded.data.metrics["data/n_test_rows"] == 200 * 15  # the split's rows, withheld ones included
+    assert recorded.data.metrics["system/data/n_test_rows"] == 200 * 15  # the split's rows, withheld ones included
     (line,) = [r.getMessage() for r in caplog.records if "withheld from the forecast" in r.getMessage()]
     assert line.startswith("1 of 200 group(s) withheld from the forecast and the metrics") and "up to 2): 0; the test " \
         "forecasts of 1 group(s) reach" in line and "predictions/groups_unsupported.csv says why" in line

@@ -72,8 +72,8 @@ def test_national_preset_matches_the_peer_and_is_recorded(compose_cfg, store_uri
     host_limits = ("available RAM", "cgroup", "RLIMIT_AS", "RLIMIT_DATA")
     assert result.plan.bound_by in (host_limits if logged.data.tags["device_kind"] == "cpu" else ("device memory",))
     # the decisive metrics at the top level, the others grouped by the prefix MLflow's chart view groups on
-    assert {"rmse_test", "fit_seconds", "peak_memory_mib", "memory/oom_retries", "time/predict_seconds",
-            "data/n_train_rows", "interval/coverage_80_test"} <= set(logged.data.metrics)
+    assert {"rmse_test", "fit_seconds", "peak_memory_mib", "system/memory/oom_retries", "system/time/predict_seconds",
+            "system/data/n_train_rows", "system/interval/coverage_80_test"} <= set(logged.data.metrics)
     metrics = by_name(logged.data.metrics)
     for name in ("rmse_train", "rmse_test", "mape_train", "mape_test", "fit_seconds", "predict_seconds",
                  "peak_memory_bytes", "oom_retries", "predicted_peak_bytes", "working_peak_bytes",
@@ -133,7 +133,7 @@ def test_user_csv_with_direct_and_float32_cg(compose_cfg, store_uri, csv_path):
     statuses = {client.get_run(r.run_id).info.status for r in (direct, cg)}
     assert statuses == {"FINISHED"}
     assert client.get_run(cg.run_id).data.params["data.source"] == "file"
-    history = client.get_metric_history(cg.run_id, "solver/cg_residual")
+    history = client.get_metric_history(cg.run_id, "system/solver/cg_residual")
     assert len(history) > 2 and history[-1].value < history[0].value
 
 

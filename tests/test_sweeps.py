@@ -125,7 +125,7 @@ def test_optuna_minimises_the_validation_rmse_never_the_test_one(tmp_path, csv_p
     assert [r.info.run_name.rsplit(" #", 1)[1] for r in children] == ["0", "1", "2", "3"]
     assert all(r.info.run_name.startswith("ap=") for r in children)
     # the validation rows (Nov-Dec 2020) were not fitted: fewer training rows than the full year
-    assert {r.data.metrics["data/n_train_rows"] for r in children} == {24 * (366 - 61)}
+    assert {r.data.metrics["system/data/n_train_rows"] for r in children} == {24 * (366 - 61)}
 
 
 def test_optuna_trades_the_validation_rmse_against_the_cost_on_a_pareto_front(tmp_path, csv_path):

@@ -97,7 +97,7 @@ def test_the_cost_is_in_the_run_and_in_compare(compose_cfg, csv_path, store_uri,
     client = MlflowClient(store_uri)
     recorded = client.get_run(result.run_id).data
     metrics = by_name(recorded.metrics)
-    assert "cost_usd" in recorded.metrics and "time/compute_seconds" in recorded.metrics  # cost at the top level
+    assert "cost_usd" in recorded.metrics and "system/time/compute_seconds" in recorded.metrics  # cost at the top level
     seconds = metrics["compute_seconds"]
     assert seconds == pytest.approx(metrics["features_seconds"] + metrics["solve_seconds"]
                                     + metrics["predict_seconds"], rel=1e-9)

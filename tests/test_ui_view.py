@@ -18,12 +18,20 @@ def test_the_decisive_columns_come_first_and_the_others_after():
     view = runs_view(RunsView(swept_tags=("sweep.model",)))
     order = view["columnOrder"]
     assert order[:2] == [RUN_NAME_COLUMN, CREATED_COLUMN]  # the name and the status (the Created column's icon)
-    assert order[2:9] == [*DECISIVE, "tags.`sweep.model`"]
+    assert order[2:9] == ["tags.`sweep.model`", *DECISIVE]  # the swept values first; no best job on rmse_test
     assert order[9:] == ["duration", "metrics.`cost_usd`", "attributes.`Dataset`", "attributes.`Models`",
-                         "metrics.`memory/oom_retries`",
+                         "metrics.`system/memory/oom_retries`",
                          "params.`model.name`"]
     assert set(order[2:]) - {"duration"} == set(view["selectedColumns"])
     assert set(view["columnWidths"]) == {CREATED_COLUMN, *order[2:9]}
+
+
+def test_a_sweep_on_a_validation_metric_shows_its_best_job_and_objective_after_the_swept_values():
+    view = RunsView(("rmse_validation",), ("sweep.model",))
+    assert view.decisive()[:5] == ["tags.`sweep.model`", "tags.`best_job`", "metrics.`best_rmse_validation`",
+                                   "metrics.`rmse_validation`", "metrics.`rmse_test`"]
+    assert RunsView.parse(json.dumps(runs_view(view))) == view  # best_<objective> is not read back as an objective
+    assert "tags.`best_job`" not in RunsView(("rmse_validation",)).decisive()  # plain runs: no best job
 
 
 def test_the_view_merges_the_objective_and_keeps_earlier_sweeps(tmp_path):
@@ -37,8 +45,8 @@ def test_the_view_merges_the_objective_and_keeps_earlier_sweeps(tmp_path):
     ensure_runs_view(client, client.get_experiment(experiment_id), "rmse_validation")  # a plain run after it
     ensure_runs_view(client, client.get_experiment(experiment_id), None, ["sweep.model.effects.toy.m"])
     columns = stored()["columnOrder"]
-    assert columns[2:4] == ["metrics.`rmse_validation`", "metrics.`rmse_test`"]  # the objective first
-    assert columns[9:11] == ["tags.`sweep.model.effects.toy.m`", "tags.`sweep.model`"]  # the newest sweep first
+    assert columns[2:4] == ["tags.`sweep.model.effects.toy.m`", "tags.`sweep.model`"]  # the newest sweep first
+    assert columns[4:7] == ["tags.`best_job`", "metrics.`best_rmse_validation`", "metrics.`rmse_validation`"]
     assert RunsView.parse(json.dumps(stored())) == RunsView(("rmse_validation",), ("sweep.model.effects.toy.m",
                                                                                    "sweep.model"))
 

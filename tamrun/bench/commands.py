@@ -29,7 +29,8 @@ def latest_run(uri: str):
 
 
 def latest_metrics(uri: str) -> Dict[str, float]:
-    """The metrics of the store's latest run (`latest_run`) by plain name (``time/fit_seconds``: ``fit_seconds``)."""
+    """The metrics of the store's latest run (`latest_run`) by plain name
+    (``system/time/solve_seconds``: ``solve_seconds``)."""
     from tamrun.tracking.metric_keys import metric_name
 
     return {metric_name(key): value for key, value in latest_run(uri).data.metrics.items()}

@@ -8,10 +8,11 @@ table with the decisive columns first:
   (`RUNS_VIEW_TAG`): which columns show (``selectedColumns``), their order (``columnOrder``) and
   widths (``columnWidths``), so that at 1600 x 1000 with MLflow's assistant panel open the table shows,
   without scrolling: the run's name, its status (the Created column's icon; both pinned left by the
-  UI), the objective when it is not rmse_test, `DECISIVE_METRICS`, the route, the device and a
-  sweep's swept values; Duration (which the UI cannot hide), the dataset, the model and the rest come
-  after them (`runs_view`). Every run merges its objective and a sweep its swept keys into the stored
-  view (`ensure_runs_view`);
+  UI), a sweep's swept values, its best job (the parent's tag `BEST_JOB_TAG`) and that job's objective
+  (metric ``best_<objective>``), the objective when it is not rmse_test, rmse_test and mape_test;
+  fit_seconds, peak_memory_mib, the route and the device follow, then Duration (which the UI cannot
+  hide), the dataset, the model and the rest (`runs_view`). Every run merges its objective and a sweep
+  its swept keys into the stored view (`ensure_runs_view`);
 - the link that opens it in the model-training workflow (`runs_table_url`), logged by every run:
 
       <UI>/#/experiments/<id>/runs?workflowType=machine_learning&viewStateShareKey=tamrun
@@ -27,7 +28,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from tamrun.tracking.metric_keys import metric_key
+from tamrun.tracking.metric_keys import LEGACY_PREFIXES, metric_key
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +40,20 @@ DECISIVE_METRICS = ("rmse_test", "mape_test", "fit_seconds", "peak_memory_mib")
 DECISIVE_PARAMS = ("route",)
 DECISIVE_TAGS = ("device",)
 SWEEP_TAG_PREFIX = "sweep."
+# A sweep's parent names its best job and logs that job's objective (tamrun/tracking/sweep_record/sweep_summary.py).
+BEST_PREFIX = "best_"
+BEST_JOB_TAG = f"{BEST_PREFIX}job"
 # Columns after the decisive ones: shown, but to the right (Duration cannot be hidden in the UI).
 # The run's cost (metric cost_usd, tamrun/tco/) first of them: the decisive columns use the width there is.
 TRAILING_COLUMNS = ("duration", "metrics.`cost_usd`", "attributes.`Dataset`", "attributes.`Models`",
-                    "metrics.`memory/oom_retries`", "params.`model.name`")
+                    "metrics.`system/memory/oom_retries`", "params.`model.name`")
 # The UI's own ids of its pinned columns and of the run's duration.
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 CREATED_COLUMN = "runDateAndNestInfo"  # the Created column: the run's status icon and its age
-# Pixel widths: at 1600 x 1000 with the assistant panel open the table shows 540 px beside its pinned
-# columns (checkbox 73, Run Name 190, Created); tests/test_ui_browser.py measures it.
-WIDTHS = {"metrics": 78, "params": 62, "tags": 80, CREATED_COLUMN: 130}
+# Pixel widths: at 1600 x 1000 with the assistant panel open the table shows 545 px beside its pinned
+# columns (checkbox 73, Run Name 190, Created): a swept value, the best job, its objective, the objective,
+# rmse_test and mape_test take 448 of them (fit_seconds fits too); tests/test_best_ui.py measures it.
+WIDTHS = {"metrics": 72, "params": 62, "tags": 80, CREATED_COLUMN: 130}
 
 
 def column(kind: str, name: str) -> str:
@@ -65,11 +70,18 @@ class RunsView:
     swept_tags: Tuple[str, ...] = ()
 
     def decisive(self) -> List[str]:
-        """The decisive columns in their order, after the pinned name and status."""
+        """The decisive columns in their order, after the pinned name and status: the swept values, a
+        sweep's best job and its objective (``best_<objective>``: a sweep whose objective is not a decisive
+        metric, e.g. rmse_validation, crowns one), the metrics, the route, the device."""
+        best = []
+        if self.swept_tags and self.objectives:
+            best = [column("tags", BEST_JOB_TAG), *(column("metrics", metric_key(BEST_PREFIX + name))
+                                                   for name in self.objectives)]
         metrics = [*self.objectives, *DECISIVE_METRICS]
-        return ([column("metrics", metric_key(name)) for name in metrics]
+        return ([column("tags", name) for name in self.swept_tags] + best
+                + [column("metrics", metric_key(name)) for name in metrics]
                 + [column("params", name) for name in DECISIVE_PARAMS]
-                + [column("tags", name) for name in (*DECISIVE_TAGS, *self.swept_tags)])
+                + [column("tags", name) for name in DECISIVE_TAGS])
 
     def merged(self, objective: Optional[str] = None, swept_tags: Iterable[str] = ()) -> "RunsView":
         """This view with ``objective`` (when not already a decisive metric) and ``swept_tags`` (first)."""
@@ -91,7 +103,8 @@ class RunsView:
         metrics = [c[len("metrics.`"):-1] for c in columns if c.startswith("metrics.`") and "columnOrder" in view]
         tags = [c[len("tags.`"):-1] for c in columns if c.startswith("tags.`")]
         trailing = [name for name in metrics if column("metrics", name) in TRAILING_COLUMNS]
-        return cls(tuple(m for m in metrics if m not in DECISIVE_METRICS and m not in trailing),
+        return cls(tuple(m for m in metrics if m not in DECISIVE_METRICS and m not in trailing
+                         and not m.startswith((BEST_PREFIX, *LEGACY_PREFIXES))),
                    tuple(t for t in tags if t.startswith(SWEEP_TAG_PREFIX)))
 
 
