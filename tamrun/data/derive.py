@@ -125,15 +125,15 @@ class DataRecipe:
         return [name for name in available if name in mentioned]
 
     def raw_sources(self, column: str, present: Iterable[str]) -> List[str]:
-        """The columns of a table to predict (``present``: those it holds) that ``column`` is computed from,
-        through derived columns of derived columns (an ``isin`` of a calendar part reads the date): itself
-        when it is given or not derived, a history column itself when no kept tail gives it."""
+        """`sources` of ``column`` followed through derived columns of derived columns (an ``isin`` of a calendar
+        part reads the date) down to a column of the table (``present``: those it holds) or one not derived; a
+        history column without a kept tail is its own source."""
         present = list(present)
-        if column in present or column not in self.derived:
+        if column not in self.derived:
             return [column]
-        sources = self.sources(column, [*present, *self.derived])
-        return [raw for source in sources
-                for raw in ([source] if source == column else self.raw_sources(source, present))]
+        return [raw for source in self.sources(column, [*present, *self.derived])
+                for raw in ([source] if source == column or source in present or source not in self.derived
+                            else self.raw_sources(source, present))]
 
     def needed(self, columns: Optional[Iterable[str]]) -> Dict[str, DerivedColumn]:
         """The derived columns ``columns`` (None: all) and the group (data.group) are or read, those read by them

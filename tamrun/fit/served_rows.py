@@ -44,7 +44,8 @@ def rows_named(mask: np.ndarray) -> str:
 def required_columns(model: FittedModel, frame: pd.DataFrame) -> List[str]:
     """The raw columns the model reads that ``frame`` lacks (a derived column given as such needs no source)."""
     present = set(frame.columns)
-    sources = [source for column in model.input_columns for source in model.recipe.raw_sources(column, present)]
+    sources = [source for column in model.input_columns if column not in present
+               for source in model.recipe.raw_sources(column, present)]
     return [source for source in dict.fromkeys(sources) if source not in present]
 
 
