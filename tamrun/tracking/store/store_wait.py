@@ -10,7 +10,7 @@ Before, a run waited in silence (58 s once, for a lock held that long).
 of a sqlite file's locks are read from ``/proc/locks`` (Linux), which opens no file: a process that
 opened and closed its store's file beside sqlite would drop sqlite's own POSIX locks. Where
 ``/proc/locks`` cannot be read, a call that lasts is taken for a wait on a lock "another process may
-hold"; on other stores, a server that has not answered.
+hold"; on other stores, a call still running (`SERVER_CALL_RUNNING`: a server's call may be many requests).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ IDLE_S = 30.0  # the watch's thread ends after this long without a call (the nex
 # 510 shared ones).
 SQLITE_PENDING_BYTE = 0x40000000
 PROC_LOCKS = Path("/proc/locks")
+# What a call on a server store that lasts says: the watch sees the call, not its requests (an upload makes
+# one per file, each answered in turn).
+SERVER_CALL_RUNNING = "the call has not returned yet (it may make several requests, e.g. one per file uploaded)"
 
 
 def lock_holders(path: Path) -> Optional[List[Tuple[int, str]]]:
@@ -107,7 +110,7 @@ class StoreWatch:
     def holder(self) -> Optional[str]:
         """Who holds the store, and how long tamrun waits for it; None when nobody else does."""
         if self.db is None:
-            return "the store has not answered yet"
+            return SERVER_CALL_RUNNING  # not "not answered": a call may make many requests, each answered
         busy_s, lock_s = self.limits
         for path, limit in ((self.db, f"tracking.busy_timeout_s={busy_s:g}"),
                             (Path(f"{self.db}.lock"), f"tracking.lock_timeout_s={lock_s:g}")):
