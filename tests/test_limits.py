@@ -243,11 +243,15 @@ def rmse_test(output: str) -> str:
     ("fourier", ()), ("spline", ()), ("forest", ()),
     ("forest_fourier", ("model.effects.forest_toy.left.n_trees=4",))], ids=["fourier", "spline", "forest", "forest_fourier"])
 def test_a_cgroup_limit_between_the_baseline_and_the_peak_finishes(tmp_path, model, extra):
-    """A real memory cgroup (what SLURM --mem and docker --memory set), no memory.limit: at limits halfway
-    and nine tenths of the way from the planning baseline to the uncapped peak the run finishes with the
-    uncapped test RMSE (relative 1e-6, read from its MLflow run, FINISHED), within the limit, without a
-    traceback; with room above the peak, likewise. (forest_fourier: 4 trees instead of 20 keep its CG
-    short; docs/memory.md tabulates the preset itself.)"""
+    """A real memory cgroup (what SLURM --mem and docker --memory set), no memory.limit: at limits three
+    quarters and nine tenths of the way from the planning baseline to the uncapped peak the run finishes with
+    the uncapped test RMSE (relative 1e-6, read from its MLflow run, FINISHED), within the limit, without a
+    traceback; with room above the peak, likewise. Not halfway (as until 2026-11-29): the data phase's
+    guarded steps ask for room above the planning baseline (about 30 MiB for fourier with the safety margin:
+    the national columns are derived, `derive_bytes`), more than half of fourier's whole fit (54 MiB above its
+    baseline); a limit there may be refused (exit 2, naming the limit: the estimate is an upper bound, not a
+    measurement). (forest_fourier: 4 trees instead of 20 keep its CG short; docs/memory.md tabulates the
+    preset itself.)"""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = (f"model={model}", f"tracking.uri={store}", "tracking.log_plots=false", "tracking.log_model=false",
             "tracking.log_predictions=false", *extra)
@@ -256,7 +260,8 @@ def test_a_cgroup_limit_between_the_baseline_and_the_peak_finishes(tmp_path, mod
     uncapped = latest_run(store)
     baseline = in_use_at_planning(output) * MiB
     assert baseline < peak and uncapped.info.status == "FINISHED"
-    for limit in (int((baseline + peak) / 2), int(baseline + 0.9 * (peak - baseline)), int(peak + 64 * MiB)):
+    for limit in (int(baseline + 0.75 * (peak - baseline)), int(baseline + 0.9 * (peak - baseline)),
+                  int(peak + 64 * MiB)):
         capped, text, used = tamrun_under(limit, *args, cwd=tmp_path)
         assert capped == 0, (limit / MiB, baseline / MiB, peak / MiB, capped, text[:400], text[-2000:])
         assert "Traceback" not in text and used <= limit
