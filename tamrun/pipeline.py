@@ -1,6 +1,7 @@
 """The fit pipeline as plain functions, shared by the jobs and the benchmark.
 
-    load_splits(config, specs)                          -> Splits (train, test, validation frames, recipe)
+    load_splits(config, specs, table)                   -> Splits (train, test, validation frames, recipe;
+                                                           the table the job opened, `tamrun.data.table`)
     build_features(config, specs, train)                -> Features (training batch + fitted design)
     plan_memory(config, features, devices)              -> Plan (the oracle's route and chunks)
     solve(config, features, plan, devices, loop, recipe) -> Fit (the fitted model, its plan and statistics;
@@ -29,9 +30,9 @@ from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_
                                  drop_missing_groups, enforce)
 from tamrun.data.calendar import Calendar
 from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
-from tamrun.data.history import HistoryTail, lookback, reads_history
-from tamrun.data.load import frame_bytes, read_table
-from tamrun.data.parquet import DateWindow
+from tamrun.data.history import HistoryTail, reads_history
+from tamrun.data.load import frame_bytes
+from tamrun.data.table import Table
 from tamrun.data.split import carve_validation, in_periods, split_by_date
 from tamrun.device.manager import DeviceManager
 from tamrun.effects.crossing import ForestCrossingEffect
@@ -57,12 +58,18 @@ DTYPES = {DType.float64: torch.float64, DType.float32: torch.float32}
 
 @dataclass
 class Splits:
-    """The loaded table's splits (validation None without a validation period) and its recipe."""
+    """The loaded table's splits (validation None without a validation period), its recipe and the table
+    they were read from."""
 
     train: pd.DataFrame
     test: pd.DataFrame
     validation: Optional[pd.DataFrame]
     recipe: DataRecipe
+    table: Optional[Table] = None
+
+    def joined(self, rows: pd.DataFrame) -> "Splits":
+        """These splits with ``rows`` (training and validation together) as training: a refit's."""
+        return Splits(rows, self.test, None, self.recipe, self.table)
 
     @property
     def n_scored(self) -> int:
@@ -71,13 +78,14 @@ class Splits:
 
 
 def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room_check,
-                chunk: Optional[GroupChunk] = None) -> Splits:
-    """Load the table, add derived columns, check the used columns, apply the NaN policy, split.
-    ``room`` is called before each block of the read and each later step (`HostRoomWatch`); ``chunk``:
-    only its groups (a streamed run, `tamrun.jobs.stream`)."""
+                chunk: Optional[GroupChunk] = None, table: Optional[Table] = None) -> Splits:
+    """Read ``table`` (the job's, `tamrun.data.table.Table`; None: opened here), add derived columns, check
+    the used columns, apply the NaN policy, split. ``room`` is called before each block of the read and
+    each later step (`HostRoomWatch`); ``chunk``: only its groups (a streamed run, `tamrun.jobs.stream`)."""
     data = config.data
     numeric = model_columns(config, specs)
-    loaded = read_table(data, *file_columns(data, numeric), room=room, window=read_window(config), chunk=chunk)
+    table = Table.open(data) if table is None else table
+    loaded = table.read(*file_columns(data, numeric), room=room, window=table.window(config.split), chunk=chunk)
     frame = loaded.frame
     room("deriving the data", "derive", derive_bytes(len(frame), len(data.derived)))
     calendar = Calendar.of(data, frame[data.date_column])
@@ -100,13 +108,7 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     check_constant_columns(train, effect_columns(specs), data.constant_features)
     check_constant_in_groups(train, effect_columns(specs), data.group, data.constant_in_group)
     train, validation = carve_validation(train, config.split, data.date_column, data.timezone)
-    return Splits(train, test, validation, recipe)
-
-
-def read_window(config: Config) -> DateWindow:
-    """The days a run reads: the split's periods, each widened by the derived columns' reach back
-    (`tamrun.data.history.lookback`)."""
-    return DateWindow.of(config.split, config.data.timezone).widened(lookback(config.data.derived))
+    return Splits(train, test, validation, recipe, table)
 
 
 def history_hints(data: DataConfig) -> Dict[str, str]:

@@ -22,6 +22,7 @@ from tamrun.config.load import resolved_container, typed_config
 from tamrun.config.schema import Config, ModeName, ShardOver
 from tamrun.device.manager import DeviceManager, resolved_kind
 from tamrun.errors import note_run
+from tamrun.data.table import Table
 from tamrun.jobs.fit import fit_job
 from tamrun.jobs.plan import plan_job
 from tamrun.jobs.prepare import Prepared, prepare
@@ -71,9 +72,10 @@ def run(cfg: Any, overrides: Optional[List[str]] = None, tags: Optional[Dict[str
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         close_stale_runs_of(config.tracking, "mode=plan")  # the store it would record in, if it exists
         with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
-            stream = stream_plan(config, specs, devices)  # a streamed run's plan: its first chunk's
+            table = Table.open(config.data)
+            stream = stream_plan(config, specs, devices, table)  # a streamed run's plan: its first chunk's
             return plan_job(prepare(config, specs, devices, fitting=False, libraries_loaded=libraries_loaded,
-                                    chunk=stream.chunks[0] if stream is not None else None))
+                                    chunk=stream.chunks[0] if stream is not None else None, table=table))
     name = run_name or plain_run_name(config, overrides)
     with TrackedRun(config.tracking, run_name=name, tags=run_tags(config, tags), objective=objective_name(config),
                     number_reruns=run_name is None, folder=folder) as tracked:
@@ -99,25 +101,27 @@ def plain_run_name(config: Config, overrides: Optional[List[str]]) -> str:
 
 def tracked_job(cfg: Any, config: Config, specs: Dict[str, Any], devices: DeviceManager, tracked: TrackedRun,
                 libraries_loaded: Optional[Callable[[], None]]) -> RunResult:
-    """The job of ``config.mode``: mode=aggregate prepares each of its experts itself; the others share one
-    preparation (`prepare`) and record the splits as the run's inputs."""
+    """The job of ``config.mode``: mode=aggregate prepares each of its experts itself; the others open the
+    table once (`tamrun.data.table.Table`), share one preparation (`prepare`) and record the splits as the
+    run's inputs."""
     if config.mode.name == ModeName.aggregate:
         return aggregate_job(cfg, config, devices, tracked, libraries_loaded)
     if config.mode.name == ModeName.backtest:  # its split: every row up to the last window's horizon
         config = backtest_split(config)
+    table = Table.open(config.data)  # the run's one opening of its table (`tamrun.data.table`)
     if config.shard.over == ShardOver.ray:  # chunks of groups as tasks of a Ray cluster
         if libraries_loaded is not None:
             libraries_loaded()
-        return shard_job(resolved_container(cfg), config, specs, devices, tracked)
-    stream = stream_plan(config, specs, devices)
+        return shard_job(resolved_container(cfg), config, specs, devices, tracked, table)
+    stream = stream_plan(config, specs, devices, table)
     if stream is not None:  # the table does not fit in memory: chunks of groups, one after another
         if libraries_loaded is not None:
             libraries_loaded()
         return stream_job(stream, config, specs, devices, tracked)
     if config.mode.name == ModeName.backtest:
-        prepared = prepare_backtest(config, specs, devices, libraries_loaded)
+        prepared = prepare_backtest(config, specs, devices, libraries_loaded, table)
     else:
-        prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded)
+        prepared = prepare(config, specs, devices, libraries_loaded=libraries_loaded, table=table)
     record_inputs(tracked, prepared)
     job = refit_job if config.split.refit else TRACKED_JOBS[config.mode.name]  # split.refit: mode=run only
     return job(prepared, tracked)

@@ -21,7 +21,7 @@ from tamrun.bench.sites import hourly_sites, write_sites
 from tamrun.config.load import typed_config
 from tamrun.config.schema import DataConfig, DataSource, DerivedColumn
 from tamrun.data.calendar import Calendar, calendar_column, table_step
-from tamrun.data.load import read_table
+from tamrun.data.table import read_table
 from tamrun.errors import ConfigError, DataError
 from tamrun.pipeline import load_splits
 from tamrun.tracking.model_state import load_state

@@ -21,7 +21,7 @@ from conftest import csv_overrides, synthetic_frame
 from test_load import data_config
 from test_secrets import tamrun
 from tamrun.data.file_kind import EXCERPT_CHARS
-from tamrun.data.load import load_table
+from tamrun.data.table import load_table
 from tamrun.errors import DataError
 
 

@@ -4,7 +4,7 @@ hang, no internal error").
 
 Real files in tmp_path (CSV, Parquet written by pyarrow and pandas, partitioned folders), real runs
 (``python -m tamrun`` in a subprocess for the 1 MB group name, the entry point in-process for the others)
-into real sqlite stores; the streamed reader (`tamrun.data.scan`, a chunk's `read_table`) read directly.
+into real sqlite stores; the streamed reader (`tamrun.data.table.Table.scan`, a chunk's `Table.read`) read directly.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from tamrun.__main__ import main
 from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.cells import LARGEST_VALUE, LONGEST_LABEL
 from tamrun.data.chunks import GroupChunk
-from tamrun.data.load import read_table
-from tamrun.data.scan import scan_table
+from tamrun.data.table import Table, read_table
 
 DAYS = 1096  # two groups of three years: 2,192 rows
 
@@ -264,7 +263,7 @@ def test_the_streamed_reader_reads_the_same_plain_values_and_ignores_the_same_fi
     pq.write_table(dictionary_encoded(frame, ["g"]), folder / "part.parquet")
     (folder / "README.txt").write_text("about this data\n")
     cfg = DataConfig(name="csv", source=DataSource.file, path=str(folder), target="y", group="g")
-    scan = scan_table(folder, True, cfg, None)
+    scan = Table.open(cfg).scan()
     assert scan.groups == ["a", "b"] and scan.rows.tolist() == [DAYS, DAYS]
     (first, second) = scan.chunks(1)
     loaded = read_table(cfg, {"data.target": "y", "data.group": "g", "x": "x"}, chunk=GroupChunk(second.groups))

@@ -24,7 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import tamrun.jobs.record
-import tamrun.pipeline
+import tamrun.data.table
 import tamrun.fit.dispatcher
 from tamrun.runner import run
 
@@ -44,7 +44,7 @@ def _raise_injected(*args, **kwargs):
     raise RuntimeError("injected fault (raised on purpose by the test)")
 
 
-@pytest.mark.parametrize("target", [(tamrun.pipeline, "read_table"), (tamrun.fit.dispatcher.Dispatcher, "fit"),
+@pytest.mark.parametrize("target", [(tamrun.data.table.Table, "read"), (tamrun.fit.dispatcher.Dispatcher, "fit"),
                                     (tamrun.jobs.record, "log_run_plots")], ids=["data", "solve", "artifacts"])
 def test_an_exception_anywhere_leaves_the_run_failed_with_error_and_log(compose_cfg, store_uri, csv_path, tmp_path,
                                                                      monkeypatch, target):

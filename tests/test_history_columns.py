@@ -26,7 +26,7 @@ from tamrun.bench.sites import hourly_sites, write_sites
 from tamrun.config.schema import DataConfig, DataSource, DerivedColumn
 from tamrun.data.calendar import Calendar
 from tamrun.data.derive import add_derived_columns
-from tamrun.data.load import read_table
+from tamrun.data.table import Table, read_table
 from tamrun.errors import DataError
 from tamrun.tracking.model_state import load_state
 
@@ -437,11 +437,11 @@ def test_parquet_reads_the_split_s_days_widened_by_the_lookback(compose_cfg, sit
     """The split's days pushed down to Parquet are widened by the longest lookback (7 days, and a margin): the first training day's lags are found, fewer rows are read than the
     table holds, and the run equals the CSV run, which reads every row."""
     from tamrun.config.load import typed_config
-    from tamrun.pipeline import load_splits, read_window
+    from tamrun.pipeline import load_splits
     from tamrun.runner import run
 
     config, specs = typed_config(compose_cfg(*LAG_RUN, f"data.path={sites_files['parquet']}"))
-    window = read_window(config)
+    window = Table.open(config.data).window(config.split)
     assert window.lower == pd.Timestamp("2022-10-06")  # 15 October - (7 days of 25 hours, rounded up to 8, + 1)
     loaded = read_table(config.data, window=window)
     assert loaded.parquet.pushed_down and 0 < len(loaded.frame) < sites_files["rows"]

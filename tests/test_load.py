@@ -9,7 +9,7 @@ import pytest
 
 from tamrun.config.schema import DataConfig, DataSource, DerivedColumn
 from tamrun.data.derive import derived_sources
-from tamrun.data.load import load_table
+from tamrun.data.table import load_table
 from tamrun.errors import DataError
 
 from conftest import synthetic_frame

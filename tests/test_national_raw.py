@@ -28,7 +28,7 @@ def raw(tmp_path_factory):
 
 
 def loaded_columns(caplog) -> list:
-    """The '(rows) x (columns)' counts the runs' loads logged (`tamrun.data.load.read_table`)."""
+    """The '(rows) x (columns)' counts the runs' loads logged (`tamrun.data.table.Table.read`)."""
     return [int(r.getMessage().split(" x ")[1].split()[0]) for r in caplog.records
             if r.getMessage().startswith("loaded ") and " columns from " in r.getMessage()]
 

@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from tamrun.config.load import config_dir
 from tamrun.config.schema import DataConfig, DataSource, SplitConfig
 from tamrun.config.store import register_configs
-from tamrun.data.load import read_table
+from tamrun.data.table import read_table
 from tamrun.data.parquet import DateWindow
 from tamrun.errors import DataError
 from tamrun.runner import run

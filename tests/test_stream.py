@@ -17,9 +17,8 @@ import pytest
 from tamrun.bench.stream import STREAM_ARGS, split_args, write_hourly
 from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.chunks import GroupChunk
-from tamrun.data.load import read_table
+from tamrun.data.table import Table, read_table
 from tamrun.data.parquet import DateWindow
-from tamrun.data.scan import scan_table
 from tamrun.errors import ConfigError, NumericalError
 from tamrun.runner import run
 from test_limits import cgroup_writable, tamrun_under
@@ -84,7 +83,7 @@ def test_the_parquet_reader_reads_only_the_chunks_groups(tables):
     scan reads the group and date columns of every group."""
     cfg = DataConfig(name="hourly", source=DataSource.file, path=str(tables["parquet"]), target="y", group="site")
     window = DateWindow(((None, pd.Timestamp("2020-01-20")),))
-    scan = scan_table(tables["parquet"], True, cfg, window)
+    scan = Table.open(cfg).scan(window)
     assert scan.groups == list(range(GROUPS)) and (scan.rows == 20 * 24).all()
     assert scan.origin == pd.Timestamp("2020-01-01")
     chunk = GroupChunk([3, 7], scan.origin)

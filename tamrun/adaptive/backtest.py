@@ -28,6 +28,7 @@ from tamrun.adaptive.windows import gather_systems, history_dates, span_rows
 from tamrun.config.offsets import cutoff_days, horizon_ends
 from tamrun.config.schema import BacktestRefit, Config
 from tamrun.data.batch import GroupedBatch, build_batch
+from tamrun.data.table import Table
 from tamrun.effects.categorical import CategoricalEffect
 from tamrun.effects.design import AdditiveDesign
 from tamrun.errors import DataError
@@ -66,11 +67,11 @@ def backtest_split(config: Config) -> Config:
 
 
 def prepare_backtest(config: Config, specs: Dict[str, Any], devices: DeviceManager,
-                     libraries_loaded: Optional[Callable[[], None]]) -> Prepared:
-    """`prepare` on the backtest's split (`backtest_split`); a training split without rows is the first
-    window's (its split.train_end is the backtest's, not the user's)."""
+                     libraries_loaded: Optional[Callable[[], None]], table: Optional[Table] = None) -> Prepared:
+    """`prepare` on the backtest's split (`backtest_split`) of ``table`` (the job's); a training split
+    without rows is the first window's (its split.train_end is the backtest's, not the user's)."""
     try:
-        return prepare(config, specs, devices, libraries_loaded=libraries_loaded)
+        return prepare(config, specs, devices, libraries_loaded=libraries_loaded, table=table)
     except DataError as error:
         if error.field != "split.train_end":
             raise

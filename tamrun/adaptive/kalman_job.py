@@ -29,7 +29,7 @@ from tamrun.jobs.prepare import Prepared
 from tamrun.jobs.record import record_selection
 from tamrun.jobs.result import RunResult
 from tamrun.numbers import significant
-from tamrun.pipeline import Fit, Splits, fit_model, numerical_fix, solve
+from tamrun.pipeline import Fit, fit_model, numerical_fix, solve
 from tamrun.tco.run import priced_phases, priced_work
 from tamrun.tracking.mlflow_run import TrackedRun
 from tamrun.tracking.artifacts.run_plots import log_interval_figure
@@ -126,7 +126,7 @@ def kalman_job(prepared: Prepared, tracked: TrackedRun) -> RunResult:
         with recorder.phase("selection"):
             selection = select_pair(prepared, static)
         with recorder.phase("refit"):  # the final static model sees the validation rows too
-            union = Splits(pd.concat([splits.train, splits.validation]), splits.test, None, splits.recipe)
+            union = splits.joined(pd.concat([splits.train, splits.validation]))
             static = fit_model(config, prepared.specs, union, prepared.devices, prepared.chunk_loop())
     pair = selection.pair if selection else grid_pairs(prepared)[0]
     test_start = pd.Timestamp(config.split.test_start)

@@ -131,7 +131,7 @@ def family_forecasts(prepared: Prepared, family: Family, chosen: Dict[str, Dict[
         for group in family.filter_groups():
             validation_filters(prepared, static, group, validation, chosen)
     with recorder.phase("refit"):
-        union = Splits(pd.concat([splits.train, splits.validation]), splits.test, None, splits.recipe)
+        union = splits.joined(pd.concat([splits.train, splits.validation]))
         refit = fit_model(config, prepared.specs, union, prepared.devices, prepared.chunk_loop())
         for expert in family.static:
             test[expert.name] = static_forecast(refit, splits.test, TEST)

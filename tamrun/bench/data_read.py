@@ -4,7 +4,7 @@
 
 Writes (seeded) a table of ``--rows`` hourly rows over 400 sites (date, site, x, y and 6 columns no model
 reads), as a CSV and as one Parquet file (pyarrow's defaults, snappy), then reads each in a fresh process
-with `tamrun.data.load.read_table` as a run of a spline on x per site reads it: the date, site, x and y
+with `tamrun.data.table.read_table` as a run of a spline on x per site reads it: the date, site, x and y
 columns only, and the split's window (training the last year but one, testing the first month of the last
 year: about 40 % of the rows for 3 years). Prints the machine and a markdown table: the file's size, the
 read's wall seconds, the process's peak RSS above its baseline after the imports, the rows and columns
@@ -67,7 +67,7 @@ def read_once(path: str, split: Dict[str, str]) -> dict:
     """In this (fresh) process: read ``path`` as a run would; seconds, peak RSS above the baseline, what was read."""
     from tamrun.bench.child import PeakMeter
     from tamrun.config.schema import DataConfig, DataSource, SplitConfig
-    from tamrun.data.load import read_table
+    from tamrun.data.table import read_table
     from tamrun.data.parquet import DateWindow
 
     meter = PeakMeter("cpu")  # VmHWM reset here: a child's ru_maxrss may be its parent's, inherited over exec

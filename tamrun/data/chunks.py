@@ -1,9 +1,8 @@
 """A table read in chunks of groups, for data larger than memory (`tamrun.jobs.stream`).
 
-    scan_table(path, parquet, cfg, window) -> TableScan   (`tamrun.data.scan`) one pass over the group
-                                                          and date columns: the groups, their rows, the
-                                                          first date
-    read_table(..., chunk=GroupChunk(groups, origin)) then reads only those groups' rows:
+    Table.scan(window) -> TableScan   (`tamrun.data.table`) one pass over the group and date columns:
+                                      the groups, their rows, the first date
+    Table.read(..., chunk=GroupChunk(groups, origin)) then reads only those groups' rows:
 
 - **Parquet**: the chunk's groups are pushed down to pyarrow as a filter (``group in (...)``) beside the
   split's dates, so row groups and partitions of other groups are skipped by their statistics and the

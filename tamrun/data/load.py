@@ -1,5 +1,6 @@
-"""Load the table the config names: the embedded national dataset, a user CSV, or Parquet (a file or a
-folder of files, `tamrun.data.parquet`: only the columns used, only the rows of the split's dates)."""
+"""Reading a table's file, the helpers of `tamrun.data.table.Table` (which opens the table once and reads
+it): where the data lies (`table_path`: the embedded national dataset or data.path), a CSV's header and
+rows in blocks, the errors of a file that cannot be read, and the check of the columns a run names."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ import zlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import pandas as pd
 
 from tamrun.config.schema import DataConfig, DataSource
 from tamrun.data.chunks import GroupChunk, keep_groups
 from tamrun.data.dates import FileDates
-from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, NOT_QUOTED, decode_problem, header_problem,
-                                    local_path, quotable, regular_file, sniff, use_one_of)
-from tamrun.data.parquet import DateWindow, ParquetRead, is_parquet, parquet_dataset, parquet_header, read_parquet
+from tamrun.data.file_kind import (EXCERPT_CHARS, EXCERPT_NAMES, NOT_QUOTED, decode_problem, local_path, quotable,
+                                    regular_file, use_one_of)
+from tamrun.data.parquet import ParquetRead, is_parquet
 from tamrun.errors import DataError, os_reason
 
 log = logging.getLogger(__name__)
@@ -66,18 +67,18 @@ def unreadable(path: Path, exc: BaseException, cfg: DataConfig) -> DataError:
                      "give a readable CSV file (optionally compressed: .gz, .bz2, .xz, .zst, .zip)")
 
 
-def csv_options(path: Path, cfg: DataConfig) -> Dict[str, Any]:
-    """pandas' reading options for ``path``: the delimiter and encoding of the config, the compression its
-    content shows (`tamrun.data.file_kind.sniff`, which refuses a format that is not a CSV)."""
-    return {"sep": cfg.delimiter, "encoding": cfg.encoding, "compression": sniff(path)}
+def csv_options(cfg: DataConfig, compression: Optional[str]) -> Dict[str, Any]:
+    """pandas' reading options of a CSV: the delimiter and encoding of the config, the ``compression`` its
+    content shows (`tamrun.data.file_kind.sniff`, called once when the table is opened)."""
+    return {"sep": cfg.delimiter, "encoding": cfg.encoding, "compression": compression}
 
 
-def read_header(path: Path, cfg: DataConfig) -> List[str]:
+def read_header(path: Path, cfg: DataConfig, compression: Optional[str]) -> List[str]:
     """The file's column names, none named twice (pandas would rename the copies, and a setting could
     read the wrong one). `DataError` naming data.path otherwise."""
     try:
         header = [str(name) for name in pd.read_csv(path, header=None, nrows=1, dtype=str,
-                                                    **csv_options(path, cfg)).iloc[0].tolist()]
+                                                    **csv_options(cfg, compression)).iloc[0].tolist()]
     except pd.errors.EmptyDataError:
         raise DataError("data.path", str(path), "the file is empty", "give a CSV with a header and rows") from None
     except READ_ERRORS as exc:
@@ -103,58 +104,8 @@ class LoadedTable:
     parquet: Optional[ParquetRead] = None
 
 
-def load_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None,
-               optional: Iterable[str] = (), room: Callable[..., None] = lambda *step: None) -> pd.DataFrame:
-    """The table (`read_table` without a date window): every row."""
-    return read_table(cfg, required, optional, room).frame
-
-
-def read_table(cfg: DataConfig, required: Optional[Mapping[str, str]] = None, optional: Iterable[str] = (),
-               room: Callable[..., None] = lambda *step: None, window: Optional[DateWindow] = None,
-               chunk: Optional[GroupChunk] = None) -> LoadedTable:
-    """Read the table, parse the date column and sort rows by (date, group).
-
-    ``required`` (config field -> column): the columns the run reads from the file, checked against
-    its header before anything else is read; with it, only those, the date and ``optional`` (read
-    when present) are loaded: the columns no effect uses never take memory. Without it, every column.
-    ``room(what, step, nbytes)`` is called before each block of a CSV is read and before the blocks are
-    joined (a check of the memory left, `tamrun.memory.guard.RoomCheck`; it may raise). ``window``: the
-    split's days; Parquet data reads only their rows (a CSV is read whole, the split drops the rest).
-    ``chunk``: only these groups' rows are read (`tamrun.data.chunks`; data.group names their column),
-    and a derived ``time_index`` counts from its origin, the whole table's first date.
-
-    Raises:
-        DataError: the file is missing, unreadable or empty, or a required column is absent, or the date
-        column is absent/unparseable.
-    """
-    path = table_path(cfg)
-    parquet = is_parquet(path)
-    header = parquet_header(parquet_dataset(path)) if parquet else read_header(path, cfg)
-    needed = {"data.date_column": cfg.date_column, **(required or {})}
-    split_wrong = None if parquet else header_problem(path, header, cfg.delimiter)
-    if split_wrong is not None and any(column not in header for column in needed.values()):
-        raise split_wrong
-    require_columns(pd.DataFrame(columns=header), needed)
-    wanted = None if required is None else {cfg.date_column, *required.values(), *optional}
-    usecols = None if wanted is None else [c for c in header if c in wanted]
-    read = None
-    if parquet:
-        frame, read = read_parquet(path, usecols, cfg, window, chunk)
-    else:
-        frame = read_rows(path, usecols, cfg, room, chunk)
-    if frame.empty:
-        raise DataError("data.path", str(path), "the file has no rows" if read is None else "no rows in the "
-                        "split's dates", "give a table with at least one data row" if read is None else
-                        "move split.train_*/test_* inside the data's dates")
-    sort_by = [cfg.date_column] + ([cfg.group] if cfg.group and cfg.group in frame.columns else [])
-    frame = frame.sort_values(sort_by, kind="stable").reset_index(drop=True)
-    log.info("loaded %d rows x %d columns from %s", len(frame), frame.shape[1], path)
-    origin = chunk.origin if chunk is not None and chunk.origin is not None else read.first_date if read else None
-    return LoadedTable(frame, origin, read)
-
-
-def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: Callable[..., None],
-              chunk: Optional[GroupChunk] = None) -> pd.DataFrame:
+def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, compression: Optional[str],
+              room: Callable[..., None], chunk: Optional[GroupChunk] = None) -> pd.DataFrame:
     """The file's rows (``usecols`` only, if given; ``chunk``: only its groups' rows, kept from each block
     before its dates are parsed) with the date column parsed in one format, the first
     date's (`tamrun.data.dates`), read in blocks of data.read_chunk_rows so that the text and date strings
@@ -162,7 +113,8 @@ def read_rows(path: Path, usecols: Optional[List[str]], cfg: DataConfig, room: C
     last one), and for joining them."""
     parts, dropped, rows, last, held, dates = [], 0, 0, 0, 0, FileDates(cfg)
     try:
-        with pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows, **csv_options(path, cfg)) as reader:
+        with pd.read_csv(path, usecols=usecols, chunksize=cfg.read_chunk_rows,
+                         **csv_options(cfg, compression)) as reader:
             while True:
                 room(f"parsing the data (rows {rows + 1}-{rows + cfg.read_chunk_rows})", "read", last)
                 block = next(reader, None)

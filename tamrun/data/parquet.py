@@ -304,11 +304,12 @@ def without_blank_dates(frame: pd.DataFrame, column: str, cfg: DataConfig) -> pd
 
 
 def read_parquet(path: Path, usecols: Optional[List[str]], cfg: DataConfig, window: Optional[DateWindow],
-                 chunk: Optional[GroupChunk] = None) -> Tuple[pd.DataFrame, ParquetRead]:
+                 chunk: Optional[GroupChunk] = None, dataset=None) -> Tuple[pd.DataFrame, ParquetRead]:
     """The rows of ``window`` (all without one) and the ``usecols`` columns (all: None) of the Parquet data
     at ``path``, the date column as naive timestamps (text dates parsed as a CSV's), and what was read.
-    ``chunk``: only its groups' rows (a filter on data.group pushed down beside the dates')."""
-    dataset = parquet_dataset(path)
+    ``chunk``: only its groups' rows (a filter on data.group pushed down beside the dates'). ``dataset``: the
+    data's pyarrow dataset, when it is open already (`tamrun.data.table.Table`)."""
+    dataset = parquet_dataset(path) if dataset is None else dataset
     column = cfg.date_column
     pushed = window is not None and temporal(dataset, column)
     keep = window_filter(dataset, column, window) if pushed else None

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from tamrun.config.schema import Config
 from tamrun.data.batch import GroupedBatch
 from tamrun.data.chunks import GroupChunk
+from tamrun.data.table import Table
 from tamrun.data.load import frame_bytes
 from tamrun.device.manager import DeviceManager
 from tamrun.fit.fitted import prediction_batch
@@ -79,13 +80,15 @@ def import_recording_libraries(config: Config) -> None:
 
 def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitting: bool = True,
             libraries_loaded: Optional[Callable[[], None]] = None,
-            data_loaded: Optional[Callable[[], None]] = None, chunk: Optional[GroupChunk] = None) -> Prepared:
+            data_loaded: Optional[Callable[[], None]] = None, chunk: Optional[GroupChunk] = None,
+            table: Optional[Table] = None) -> Prepared:
     """The data and features phases and the plan. ``fitting``: a fit and its recording follow (False for
     ``mode=plan``): the tensor meter is warmed up first, so that its one-time cost is not charged to the
     first metered phase, and recording's libraries are imported (`import_recording_libraries`), both
     before the planning baseline is taken; then ``libraries_loaded`` is called. ``data_loaded`` is
     called after the data phase (the benchmark's baseline, `tamrun.bench.child`). ``chunk``: only these
-    groups (a streamed run's chunk, `tamrun.jobs.stream`)."""
+    groups (a streamed run's chunk, `tamrun.jobs.stream`). ``table``: the table the job opened
+    (`tamrun.data.table.Table`; None: opened by the data phase)."""
     if fitting:
         import_recording_libraries(config)
     metered = config.memory.meter and (TensorMeter.warm_up() if fitting and not devices.allocator_peaks else True)
@@ -97,7 +100,7 @@ def prepare(config: Config, specs: Dict[str, Any], devices: DeviceManager, fitti
     room("loading the data")
     recorder = PhaseRecorder(devices, sample=config.memory.meter_sampling)
     with recorder.phase("data"):
-        splits = load_splits(config, specs, room, chunk)
+        splits = load_splits(config, specs, room, chunk, table)
     if data_loaded is not None:
         data_loaded()
     return planned(config, specs, devices, splits, recorder, room, metered)

@@ -8,7 +8,6 @@ from typing import Callable, Dict, Optional
 
 import pandas as pd
 
-from tamrun.data.load import table_path
 from tamrun.effects.design import describe
 from tamrun.fit.evaluate import group_metrics
 from tamrun.fit.unsupported import ARTIFACT
@@ -44,7 +43,7 @@ def record_inputs(tracked: TrackedRun, prepared: Prepared) -> None:
         return
     data, splits = prepared.config.data, prepared.splits
     frames = {"train": splits.train, "validation": splits.validation, "test": splits.test}
-    tracked.log_inputs(dataset_inputs(data.name, table_path(data), frames, data.date_column))
+    tracked.log_inputs(dataset_inputs(data.name, splits.table.path, frames, data.date_column))
 
 
 def record_fit(tracked: TrackedRun, prepared: Prepared, fit: Fit, table: Callable[[], pd.DataFrame],

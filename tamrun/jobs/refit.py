@@ -25,7 +25,6 @@ from tamrun.jobs.fit import HeldOut, ScoredSplit, band_metrics, checked_metrics,
 from tamrun.jobs.prepare import Prepared, planned
 from tamrun.jobs.result import RunResult
 from tamrun.memory.guard import HostRoomWatch
-from tamrun.pipeline import Splits
 from tamrun.tracking.mlflow_run import TrackedRun
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ def refit_preparation(prepared: Prepared) -> Prepared:
     features and plan (`tamrun.jobs.prepare.planned`), under the run's recorder and OOM log."""
     config, splits = prepared.config, prepared.splits
     rows = pd.concat([splits.train, splits.validation]).sort_index(kind="stable")
-    union = Splits(rows, splits.test, None, splits.recipe)
+    union = splits.joined(rows)
     room = HostRoomWatch(config.memory.safety_margin_bytes)
     return planned(config, prepared.specs, prepared.devices, union, prepared.recorder, room, prepared.metered,
                    prepared.oom_log)

@@ -1,11 +1,11 @@
 """A run's groups sharded over a Ray cluster (``shard.over=ray``; docs/scale.md, "Groups across a Ray
 cluster").
 
-    shard_plan(config, specs, devices) -> StreamPlan
-        the table's groups (one scan of its group and date columns, `tamrun.data.scan`) in chunks of
+    shard_plan(config, specs, devices, table) -> StreamPlan
+        the table's groups (one scan of its group and date columns, `tamrun.data.table.Table.scan`) in chunks of
         shard.groups_per_task (default: the groups over twice the cluster's CPUs, at most the chunk a
         streamed run takes when the table does not fit here)
-    shard_job(stream, container, config, specs, devices, tracked) -> RunResult
+    shard_job(container, config, specs, devices, tracked, table) -> RunResult
         each chunk a Ray task (`chunk_task`: its groups read from data.path on its node, fitted,
         predicted and checked by `tamrun.jobs.stream.run_chunk`, as one machine does), gathered in chunk
         order into the same sums, predictions file and record as a streamed run (`tamrun.jobs.stream`)
@@ -19,26 +19,23 @@ tables, sums and coefficients.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pandas as pd
 
 from tamrun.config.schema import Config, ShardConfig
 from tamrun.data.chunks import GroupChunk
-from tamrun.data.load import table_path
-from tamrun.data.parquet import is_parquet
-from tamrun.data.scan import scan_table
+from tamrun.data.table import Table, TableRef
 from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError, TamrunError
 from tamrun.jobs.result import RunResult
 from tamrun.jobs.stream import PredictionSink, StreamPlan, StreamTotals, require_streamable, stream_job, stream_plan
 from tamrun.memory.oracle import ChunkPlan
-from tamrun.pipeline import read_window
 from tamrun.tracking.mlflow_run import TrackedRun
 
 log = logging.getLogger(__name__)
@@ -46,17 +43,16 @@ log = logging.getLogger(__name__)
 TASKS_PER_CPU = 2  # default chunks: each CPU of the cluster gets about two tasks (a slow node evens out)
 
 
-def shard_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager, cluster_cpus: int) -> StreamPlan:
+def shard_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager, table: Table,
+               cluster_cpus: int) -> StreamPlan:
     """The chunks the tasks take: shard.groups_per_task groups, else ceil(G / (TASKS_PER_CPU x
     ``cluster_cpus``)); never more than a streamed run's chunk when the table does not fit here.
 
     Raises:
         MemoryBudgetError: one group's rows do not fit here (`tamrun.jobs.stream.stream_plan`).
     """
-    streamed = stream_plan(config, specs, devices)
-    path = table_path(config.data)
-    scan = streamed.scan if streamed is not None else scan_table(path, is_parquet(path), config.data,
-                                                                 read_window(config))
+    streamed = stream_plan(config, specs, devices, table)
+    scan = table.scan(table.window(config.split))  # the stream plan's, when it scanned
     groups = config.shard.groups_per_task or math.ceil(len(scan.groups) / (TASKS_PER_CPU * max(1, cluster_cpus)))
     if streamed is not None:
         groups = min(groups, streamed.chunk.groups)
@@ -64,7 +60,7 @@ def shard_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager, cl
     largest = int(scan.rows.max()) if len(scan.rows) else 0
     chunk = streamed.chunk if streamed is not None and streamed.chunk.groups == groups else ChunkPlan(
         max(1, groups), largest, largest * row_bytes * max(1, groups))
-    return StreamPlan(scan, chunk, row_bytes)
+    return StreamPlan(scan, chunk, row_bytes, table)
 
 
 def require_shardable(config: Config, specs: Dict[str, Any]) -> None:
@@ -77,21 +73,22 @@ def require_shardable(config: Config, specs: Dict[str, Any]) -> None:
     require_streamable(config, specs, why, "or run it here with shard.over=local")
 
 
-def task_container(container: Dict[str, Any], config: Config) -> Dict[str, Any]:
+def task_container(container: Dict[str, Any], config: Config, table: Table) -> Dict[str, Any]:
     """What a task is given: the config without its tracking settings, data.path absolute (the node reads
-    it there), shard.over=local and one thread per CPU the task holds."""
+    ``table`` there), shard.over=local and one thread per CPU the task holds."""
     given = {key: value for key, value in container.items() if key != "tracking"}
-    given["data"] = {**given["data"], "path": str(Path(table_path(config.data)).resolve())}
+    given["data"] = {**given["data"], "path": table.ref().path}
     given["shard"] = {**given.get("shard", {}), "over": "local"}
     given["hw"] = {**given.get("hw", {}), "threads": config.shard.cpus_per_task}
     return given
 
 
-def chunk_task(container: Dict[str, Any], groups: List[Any], origin: Optional[pd.Timestamp]
+def chunk_task(container: Dict[str, Any], ref: Dict[str, Any], groups: List[Any], origin: Optional[pd.Timestamp]
                ) -> Tuple[StreamTotals, Optional[pd.DataFrame], str]:
-    """One chunk on a node of the cluster: the config typed again, its groups read, fitted, predicted and
-    checked (`tamrun.jobs.stream.run_chunk`); its totals, its predictions table and the node's id (what
-    it prints is redacted)."""
+    """One chunk on a node of the cluster: the config typed again, the table opened again from ``ref`` (the
+    fields of a `TableRef`: plain data, no sniffing), its groups read, fitted, predicted and checked
+    (`tamrun.jobs.stream.run_chunk`); its totals, its predictions table and the node's id (what it prints
+    is redacted)."""
     import ray
     from omegaconf import OmegaConf
 
@@ -105,7 +102,8 @@ def chunk_task(container: Dict[str, Any], groups: List[Any], origin: Optional[pd
         devices = DeviceManager.from_config(config.hw, DTYPES[config.dtype])
         totals, tables = StreamTotals.empty(), CollectedTables()
         with devices.session(), devices.oom_refused(config.memory.safety_margin_bytes):
-            run_chunk(config, specs, devices, GroupChunk(groups, origin), totals, tables)
+            table = Table.reopen(config.data, TableRef(**ref))
+            run_chunk(config, specs, devices, table, GroupChunk(groups, origin), totals, tables)
         totals.coef = [coef.cpu() for coef in totals.coef]  # the tensors cross to the driver in host memory
     return totals, tables.table, ray.get_runtime_context().get_node_id()
 
@@ -139,15 +137,15 @@ def cluster_cpus(ray: Any) -> int:
     return int(sum(node.get("Resources", {}).get("CPU", 0) for node in ray.nodes() if node.get("Alive")))
 
 
-def run_on_ray(ray: Any, container: Dict[str, Any], config: Config, chunks: List[GroupChunk],
+def run_on_ray(ray: Any, container: Dict[str, Any], config: Config, table: Table, chunks: List[GroupChunk],
                totals: StreamTotals, sink: Optional[PredictionSink]) -> None:
     """Every chunk as a Ray task holding shard.cpus_per_task CPUs, spread over the nodes, gathered in chunk
     order (a task's bad input raised here as itself; the tasks not done cancelled); the nodes that ran
     them (``shard_nodes``) and the driver's seconds merging their sums and writing their predictions
     (``shard_gather_seconds``) join the run's metrics."""
     task = ray.remote(num_cpus=config.shard.cpus_per_task, scheduling_strategy="SPREAD")(chunk_task)
-    given = ray.put(task_container(container, config))
-    refs = [task.remote(given, list(chunk.groups), chunk.origin) for chunk in chunks]
+    given, ref = ray.put(task_container(container, config, table)), dataclasses.asdict(table.ref())
+    refs = [task.remote(given, ref, list(chunk.groups), chunk.origin) for chunk in chunks]
     log.info("shard: %d chunks of up to %d groups submitted to the Ray cluster", len(refs),
              max(len(chunk.groups) for chunk in chunks))
     try:
@@ -172,14 +170,14 @@ def run_on_ray(ray: Any, container: Dict[str, Any], config: Config, chunks: List
 
 
 def shard_job(container: Dict[str, Any], config: Config, specs: Dict[str, Any], devices: DeviceManager,
-              tracked: TrackedRun) -> RunResult:
+              tracked: TrackedRun, table: Table) -> RunResult:
     """The run with its chunks of groups fitted as Ray tasks (module doc), recorded as a streamed run."""
     require_shardable(config, specs)
     ray = join_cluster(config.shard)
     cpus = cluster_cpus(ray)
-    stream = shard_plan(config, specs, devices, cpus)
+    stream = shard_plan(config, specs, devices, table, cpus)
     log.info("shard: %d groups in %d chunks of up to %d, on a Ray cluster of %d CPUs", len(stream.scan.groups),
              len(stream.chunks), stream.chunk.groups, cpus)
     tracked.set_tags({"shard": f"ray: {len(stream.chunks)} tasks of up to {stream.chunk.groups} groups"})
     return stream_job(stream, config, specs, devices, tracked,
-                      run_chunks=functools.partial(run_on_ray, ray, container, config))
+                      run_chunks=functools.partial(run_on_ray, ray, container, config, stream.table))

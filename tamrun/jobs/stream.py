@@ -1,10 +1,10 @@
 """A table larger than memory, run in chunks of groups (docs/memory.md, "More rows than memory").
 
-    stream_plan(config, specs, devices) -> StreamPlan | None
-        the table's rows x `stream_row_bytes` against the host's free memory (and memory.limit with
-        memory.data_in_limit): None when it fits (the run reads it whole, `prepare`);
-        else one scan of its group and date columns (`tamrun.data.scan`) and the oracle's chunk of
-        groups (`MemoryOracle.stream_chunk`)
+    stream_plan(config, specs, devices, table) -> StreamPlan | None
+        the table's rows (`Table.rows_bound`) x `stream_row_bytes` against the host's free memory (and
+        memory.limit with memory.data_in_limit): None when it fits (the run reads it whole, `prepare`);
+        else one scan of its group and date columns (`tamrun.data.table.Table.scan`) and the oracle's
+        chunk of groups (`MemoryOracle.stream_chunk`)
     stream_job(stream, config, specs, devices, tracked) -> RunResult
         for each chunk: prepare (only its groups read) -> solve -> predict -> the checked metrics
         (`checked_metrics`, its unsupported groups withheld); its predictions appended to one Parquet file (a
@@ -39,10 +39,7 @@ import torch
 
 from tamrun.config.schema import Config, ModeName, PenaltyMode
 from tamrun.data.chunks import GroupChunk, TableScan
-from tamrun.data.file_kind import sniff
-from tamrun.data.load import read_header, table_path
-from tamrun.data.parquet import arrow_errors, is_parquet, parquet_dataset
-from tamrun.data.scan import scan_table
+from tamrun.data.table import Table
 from tamrun.device.manager import DeviceManager
 from tamrun.errors import ConfigError
 from tamrun.fit.evaluate import ScoreSums, group_metrics, require_finite, scored
@@ -59,28 +56,25 @@ from tamrun.machine.limits import binding_limit
 from tamrun.memory.oracle import ChunkPlan, MemoryOracle
 from tamrun.config.units import format_size
 from tamrun.numbers import significant
-from tamrun.pipeline import numerical_fix, read_columns, read_window, support_fix
+from tamrun.pipeline import numerical_fix, read_columns, support_fix
 from tamrun.solve.stats import FitStats
 from tamrun.tracking.mlflow_run import TrackedRun
 
 log = logging.getLogger(__name__)
 
-# The most rows a CSV of `read_columns` columns can hold per byte of text: each cell is at least one
-# character and a separator (an upper bound that spares the scan of a table that surely fits); a compressed
-# CSV's text is taken as COMPRESSED_TEXT_RATIO times its file.
-CSV_CELL_CHARS = 2
-COMPRESSED_TEXT_RATIO = 10
 INDEXED_KINDS = ("forest", "crossing")  # effects grown on every group's rows at once
 PREDICTIONS_FILE = "predictions.parquet"
 
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """The table's groups (`TableScan`) and the chunk of groups each step reads (``chunk.groups``)."""
+    """The table (opened once, `tamrun.data.table.Table`), its groups (`TableScan`) and the chunk of groups
+    each step reads (``chunk.groups``)."""
 
     scan: TableScan
     chunk: ChunkPlan
     row_bytes: int
+    table: Table
 
     @property
     def chunks(self) -> List[GroupChunk]:
@@ -94,25 +88,17 @@ class StreamPlan:
                 f"{format_size(self.chunk.bytes)})")
 
 
-def rows_bound(config: Config, path: Path, parquet: bool) -> int:
-    """An upper bound of the table's rows read without reading them: Parquet's metadata, or a CSV's size
-    over `CSV_CELL_CHARS` per cell (x `COMPRESSED_TEXT_RATIO` when compressed)."""
-    if parquet:
-        with arrow_errors(path):
-            return int(parquet_dataset(path).count_rows())
-    text = path.stat().st_size * (1 if sniff(path) is None else COMPRESSED_TEXT_RATIO)
-    return int(text // (CSV_CELL_CHARS * max(1, len(read_header(path, config.data)))))
-
-
 def table_row_bytes(config: Config, specs: Dict[str, Any], text_group: bool) -> int:
-    """`stream_row_bytes` of the columns a run reads (the group counted as text when ``text_group``)."""
-    columns = read_columns(config, specs)
+    """`stream_row_bytes` of the columns a run reads and derives (the group counted as text when
+    ``text_group``)."""
+    columns = read_columns(config, specs) | set(config.data.derived)
     text = int(text_group and config.data.group in columns)
     return stream_row_bytes(len(columns) - text, text, len(config.intervals.levels))
 
 
-def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -> Optional[StreamPlan]:
-    """How the table is read: None when it fits whole (or has no groups to chunk), else the `StreamPlan`.
+def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager, table: Table) -> Optional[StreamPlan]:
+    """How ``table`` (the job's) is read: None when it fits whole (or has no groups to chunk), else the
+    `StreamPlan`.
 
     A config that needs every group at once (`require_streamable`) is read whole under a real limit (the
     data phase refuses it, naming the limit, if it truly does not fit).
@@ -125,12 +111,10 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
     data = config.data
     if not data.group:
         return None
-    path = table_path(data)
-    parquet = is_parquet(path)
     limit = config.memory.limit_bytes if config.memory.data_in_limit else None
     oracle = MemoryOracle(config.memory, limit, on_gpu=False)
     bound = binding_limit(config.memory.safety_margin_bytes)
-    upper = rows_bound(config, path, parquet) * table_row_bytes(config, specs, True)
+    upper = table.rows_bound() * table_row_bytes(config, specs, True)
     if upper * config.memory.overhead_factor <= oracle.capped_free(bound.left):
         return None
     refusal: Optional[ConfigError] = None
@@ -146,7 +130,7 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
         return None
     if refusal is not None and data.group in data.derived:  # its groups are not a column of the file to scan
         raise refusal
-    scan = scan_table(path, parquet, data, read_window(config))
+    scan = table.scan(table.window(config.split))
     release_chunk()  # what the scan read
     row_bytes = table_row_bytes(config, specs, bool(scan.groups) and isinstance(scan.groups[0], str))
     largest = int(scan.rows.max()) if len(scan.rows) else 0
@@ -155,7 +139,7 @@ def stream_plan(config: Config, specs: Dict[str, Any], devices: DeviceManager) -
         return None
     if refusal is not None:  # memory.limit counts the data (memory.data_in_limit): only a stream keeps to it
         raise refusal
-    stream = StreamPlan(scan, chunk, row_bytes)
+    stream = StreamPlan(scan, chunk, row_bytes, table)
     log.info("%s", stream.describe())
     return stream
 
@@ -294,10 +278,10 @@ def require_own_bands(config: Config, splits: List[ScoredSplit], withheld: List[
                           "the whole table needs (the cgroup's limit, memory.limit)")
 
 
-def run_chunk(config: Config, specs: Dict[str, Any], devices: DeviceManager, chunk: GroupChunk,
+def run_chunk(config: Config, specs: Dict[str, Any], devices: DeviceManager, table: Table, chunk: GroupChunk,
               totals: StreamTotals, sink: Optional[PredictionSink]) -> None:
     """One chunk's run: its groups read, fitted, predicted and checked; its sums, tables and phases kept."""
-    prepared = prepare(config, specs, devices, chunk=chunk)
+    prepared = prepare(config, specs, devices, chunk=chunk, table=table)
     fit = solve_phase(prepared)
     with prepared.recorder.phase("predict", prepared.metered):
         splits = predict_splits(prepared, fit)
@@ -345,13 +329,13 @@ def release_chunk() -> None:
 ChunkRunner = Callable[[List[GroupChunk], StreamTotals, Optional[PredictionSink]], None]
 
 
-def run_here(config: Config, specs: Dict[str, Any], devices: DeviceManager, chunks: List[GroupChunk],
+def run_here(config: Config, specs: Dict[str, Any], devices: DeviceManager, table: Table, chunks: List[GroupChunk],
              totals: StreamTotals, sink: Optional[PredictionSink]) -> None:
     """The chunks in this process, one after another, each given back before the next (a `ChunkRunner`)."""
     for index, chunk in enumerate(chunks, start=1):
         log.info("chunk %d of %d: %d groups (resident set %s)", index, len(chunks), len(chunk.groups),
                  format_size(devices.allocated()))
-        run_chunk(config, specs, devices, chunk, totals, sink)
+        run_chunk(config, specs, devices, table, chunk, totals, sink)
         release_chunk()
 
 
@@ -367,7 +351,7 @@ def stream_job(stream: StreamPlan, config: Config, specs: Dict[str, Any], device
     sink = PredictionSink(folder / PREDICTIONS_FILE) if tracked.enabled and config.tracking.log_predictions else None
     try:
         # here, one chunk after another, unless run elsewhere (`tamrun.jobs.shard`) and gathered into both
-        (run_chunks or functools.partial(run_here, config, specs, devices))(chunks, totals, sink)
+        (run_chunks or functools.partial(run_here, config, specs, devices, stream.table))(chunks, totals, sink)
         if sink is not None:
             sink.close()
         require_whole(config, stream, totals)
