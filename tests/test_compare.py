@@ -181,3 +181,28 @@ def test_a_store_server_that_does_not_answer_names_store_not_tracking_uri(capsys
     assert err[0].startswith(f"tamrun: config error: --store='http://bob:***@127.0.0.1:{port}': the tracking server "
                              f"127.0.0.1:{port} does not answer"), err
     assert "or pass --store with a store that answers" in err[0] and "Pw9xq2zz" not in err[0], err
+
+
+def test_a_sweep_names_the_job_its_parent_crowned_by_the_old_tag_best_run_id_too(tmp_path, capsys):
+    """A sweep's parent recorded before 2026-11-29 names its best job by the tag ``best_run_id`` (now
+    ``best_run``): ``--sweep last`` names that job from either; the new tag wins where a parent has both."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    experiment = client.create_experiment("tamrun", artifact_location=(tmp_path / "artifacts").as_uri())
+    sweep = "0123456789ab"
+    parent = client.create_run(experiment, run_name="sweep-0123456789ab", tags={
+        "sweep_id": sweep, "sweep_role": "parent", "sweep_selection": "best on rmse_validation"}).info.run_id
+    jobs = {}
+    for job, (name, value) in enumerate((("k=4", 2.0), ("k=8", 1.5))):
+        jobs[name] = client.create_run(experiment, run_name=name, tags={
+            "sweep_id": sweep, "sweep_job": str(job), "mlflow.parentRunId": parent}).info.run_id
+        client.log_metric(jobs[name], "rmse_validation", value)
+        client.set_terminated(jobs[name])
+    code, out, err = compare_here(capsys, "--store", store, "--sweep", "last")
+    assert code == 0 and "the sweep's best job" not in out, (out, err)  # a parent that crowned none
+    client.set_tag(parent, "best_run_id", jobs["k=8"])  # as an older tamrun tagged it
+    code, out, err = compare_here(capsys, "--store", store, "--sweep", "last")
+    assert code == 0 and f"the sweep's best job (best on rmse_validation): 'k=8' (run {jobs['k=8']})" in out, (out, err)
+    client.set_tag(parent, "best_run", jobs["k=4"])
+    code, out, err = compare_here(capsys, "--store", store, "--sweep", "last")
+    assert code == 0 and f"the sweep's best job (best on rmse_validation): 'k=4' (run {jobs['k=4']})" in out, (out, err)

@@ -20,12 +20,14 @@ files name, and PostgreSQL (pg_ctl stop).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import List
 
@@ -39,6 +41,7 @@ from local_cluster import wait_until
 from servers import free_port, postgres_binaries
 
 pytestmark = pytest.mark.slow
+log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "scale.md"
@@ -78,12 +81,16 @@ class Walkthrough:
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.groups.append(proc.pid)
+        started = time.monotonic()
         try:
             out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         done = subprocess.CompletedProcess(script, proc.returncode, out, "")
+        # a record of each block's wall time (docs/scale.md states them), never a condition of a test
+        log.info("page block %d (%s): exit %s, %.1f s", index, self.blocks[index].splitlines()[0][:60],
+                 proc.returncode, time.monotonic() - started)
         self.results.append(done)
         return done
 
@@ -199,7 +206,9 @@ def stopped(page: Walkthrough) -> None:
     """The page's "Stop" block stops the Ray nodes, the server and PostgreSQL: none of them is left."""
     done = page.run(STOP)
     assert done.returncode == 0, shown(done)
+    started = time.monotonic()
     wait_until(lambda: not page.left_running(), "every process the page started ended", 120)
+    log.info("after the Stop block, the last process the page started ended in %.1f s", time.monotonic() - started)
     assert not (page.root / "postgres" / "data" / "postmaster.pid").exists()
 
 

@@ -133,7 +133,7 @@ def check_options(args: argparse.Namespace) -> None:
 
 def report(args: argparse.Namespace) -> str:
     """The table and the links, for the options ``args``."""
-    from tamrun.compare.select import check_filter, last_runs, sweep_runs
+    from tamrun.compare.select import check_filter, crowned, last_runs, sweep_runs
     from tamrun.compare.table import render
     from tamrun.redact import redacted
     from tamrun.tracking.ui_view import run_url, runs_table_url
@@ -161,6 +161,10 @@ def report(args: argparse.Namespace) -> str:
     if chosen.parent is not None:
         lines.append(f"the sweep's parent run (its jobs nest under it): "
                      f"{redacted(run_url(args.store, exp_id, chosen.parent.info.run_id))}")
+    best = crowned(chosen)
+    if best is not None:
+        selection = chosen.parent.data.tags.get("sweep_selection", "the parent's choice")
+        lines.append(redacted(f"the sweep's best job ({selection}): '{best.info.run_name}' (run {best.info.run_id})"))
     return "\n".join(lines)
 
 

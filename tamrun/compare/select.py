@@ -14,6 +14,9 @@ from tamrun.tracking.ui_view import DECISIVE_METRICS
 
 LAST = "last"  # --sweep last: the newest sweep of the experiment
 SWEEP_FIX = "use a sweep id as its parent run's tag sweep_id shows it, or --sweep last"
+# The parent's tags naming the job it crowned (`tamrun.tracking.sweep_record.sweep_summary.log_best`), the
+# current names first: a parent recorded before 2026-11-29 carries best_run_id (best_on_test_run_id).
+CROWN_TAGS = ("best_run", "best_run_id", "best_on_test_run", "best_on_test_run_id")
 
 
 @dataclass
@@ -96,3 +99,13 @@ def sweep_runs(client: Any, experiment_id: str, sweep: str, filter_string: str =
     jobs = [run for run in runs if run is not parent]
     jobs.sort(key=lambda run: int(run.data.tags.get(SWEEP_JOB_TAG, -1)))
     return Selection(jobs, parent, sweep)
+
+
+def crowned(selection: Selection) -> Optional[Any]:
+    """The job the sweep's parent crowned (the first of `CROWN_TAGS` it carries); None without a parent, when
+    it crowned none, or when that job is not among the selection's runs (a filter left it out)."""
+    if selection.parent is None:
+        return None
+    tags = selection.parent.data.tags
+    run_id = next((tags[key] for key in CROWN_TAGS if tags.get(key)), None)
+    return next((run for run in selection.runs if run.info.run_id == run_id), None)
