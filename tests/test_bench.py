@@ -207,3 +207,57 @@ def test_the_machine_header_names_the_cpu_family_and_model(tmp_path):
     assert cpu_description(str(cpuinfo)) == "Some CPU"
     assert cpu_description(str(tmp_path / "missing")) != ""  # not Linux: the platform's name
     assert header_lines({"cpu": "x", "load average at start": "0.50"}) == ["- cpu: x", "- load average at start: 0.50"]
+
+
+# A Sapphire Rapids Xeon's first processor (flags abridged to those around the vector extensions).
+INTEL_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse sse2 ssse3 fma cx16 sse4_1 sse4_2 avx f16c avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni avx512_fp16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+flags\t\t: fpu sse
+"""
+
+
+def test_the_machine_header_names_the_vector_extensions(tmp_path):
+    """The header carries the CPU's vector extensions, in `VECTOR_EXTENSIONS`' order whatever the flags'
+    order, only those present, and torch's own view of them (issue 63: the same code is 72 times the peer
+    on one host, 25 times on another)."""
+    import torch
+
+    from tamrun.bench.machine import VECTOR_EXTENSIONS, machine_info, vector_description, vector_extensions
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(INTEL_CPUINFO)
+    assert vector_extensions(str(cpuinfo)) == ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512bw",
+                                               "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                                               "amx_bf16", "amx_int8")  # avx512cd, f16c: not in the tuple
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")  # an Arm host names them "Features"
+    assert vector_extensions(str(cpuinfo)) == ("asimd", "sve")
+    assert vector_extensions(str(tmp_path / "missing")) == ()
+    assert vector_description(str(tmp_path / "missing")).startswith("none named (torch: ")
+    # this host: its own flags line, read here independently
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.split(":")[0].strip() in ("flags", "Features")),
+                 [])
+    assert vector_extensions() == tuple(name for name in VECTOR_EXTENSIONS if name in flags)
+    described = machine_info()["vector extensions"]
+    assert described.endswith(f"(torch: {torch.backends.cpu.get_cpu_capability()})")
+    assert all(name in described.split() for name in vector_extensions())
+
+
+def test_torch_capability_comes_from_a_fresh_python_when_torch_is_not_loaded():
+    """A benchmark's own process stays lean: without torch loaded, the capability comes from a child python."""
+    import subprocess
+    import sys
+
+    import torch
+
+    code = ("import sys; from tamrun.bench.machine import torch_capability; "
+            "print(torch_capability(), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == [torch.backends.cpu.get_cpu_capability(), "False"]
+
