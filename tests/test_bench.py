@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,59 @@ def test_torch_capability_comes_from_a_fresh_python_when_torch_is_not_loaded():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.split() == [torch.backends.cpu.get_cpu_capability(), "False"]
 
+
+def profile_rows(section: str):
+    """(depth, label, seconds) of a preset's parts table in the profile's markdown."""
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 6 and re.fullmatch(r"-?\d+\.\d+", cells[3]):  # a negative part would show
+            label = cells[0]
+            depth = 0
+            while label.startswith("· "):
+                depth, label = depth + 1, label[2:]
+            rows.append((depth, label, float(cells[3])))
+    return rows
+
+
+def test_cpu_profile_splits_a_forest_fit_into_parts_that_add_up(csv_path, tmp_path, capsys):
+    """`python -m tamrun.bench.cpu_profile` on a tiny forest fitted by two-level CG: the summary row, the parts'
+    table (every part non-negative, each parent's parts within it), the threads and the bytes (named
+    estimates) against a measured copy bandwidth, and the JSON beside it. No figure is compared with a time."""
+    from tamrun.bench.cpu_profile import main as profile_main
+
+    overrides = [item for item in csv_overrides(csv_path) if item != "model=custom" and "sx" not in item]
+    overrides += ["+model.effects.fx={kind: forest, column: x, others: [dow], n_trees: 4, max_depth: 3, ap: -3}",
+                  "solver.name=cg"]
+    out = tmp_path / "out"
+    assert profile_main(["--model", "custom", "--copy-mib", "4", "--out", str(out),
+                         *[f"--override={item}" for item in overrides]]) == 0
+    text = capsys.readouterr().out
+    assert "- vector extensions: " in text and "- load average (1, 5, 15 min) at start: " in text
+    summary = next(line for line in text.splitlines() if line.startswith("| custom |"))
+    assert len(summary.split("|")) == 11 and float(summary.split("|")[2]) > 0  # the fit's seconds, not an outcome
+    section = text.split("### custom: ", 1)[1]
+    assert section.startswith("fit ") and "route cg" in section.splitlines()[0]
+    rows = profile_rows(section)
+    labels = [label for _, label, _ in rows]
+    for part in ("data", "fit", "rows to leaves", "CSR indicators", "two-level sources", "CG solve", "A v",
+                 "sparse Phi v", "sparse Phi' u", "M^-1", "two-level correction", "the rest"):
+        assert part in labels, part
+    assert all(seconds >= 0 for _, _, seconds in rows), rows
+    fit = next(seconds for _, label, seconds in rows if label == "fit")
+    for index, (depth, label, seconds) in enumerate(rows):  # a parent's direct parts add up to at most it
+        parts = []
+        for later_depth, _, later_seconds in rows[index + 1:]:
+            if later_depth <= depth:
+                break
+            if later_depth == depth + 1:
+                parts.append(later_seconds)
+        assert sum(parts) <= seconds + 0.0015 * len(parts), (label, seconds, parts)  # the table rounds to ms
+    assert sum(seconds for depth, label, seconds in rows if depth == 1) <= fit + 0.01
+    assert "GB/s (estimate) against the copy's" in section and "(measured, 4 MiB" in section
+    assert "torch intra-op " in section and "CPU s per wall s while CG ran: " in section
+    saved = json.loads(next(out.glob("cpu-profile-*.json")).read_text())
+    record = saved["records"]["custom"]
+    assert record["status"] == "ok" and record["iterations"] > 0 and record["copy_gb_s"] > 0
+    least, most = record["sparse_bytes"]
+    assert 0 < least <= most
