@@ -19,11 +19,15 @@ makes about a dozen timed calls. Per preset the report gives:
   threads, the OpenMP wait policy and the CPU seconds per wall second while CG runs (spinning counts);
 - the sparse products' bytes per iteration, an estimate: every index, value and vector array of O V and
   O' u read or written once (the least traffic), and the same with every gathered grid row or data row
-  read from memory (the most); against the host's copy bandwidth measured in the same process after the
-  fit (`copy_bandwidth`: the best of a few copies of ``--copy-mib`` MiB, read + write counted).
+  read from memory (the most), with the CSR arrays' index and value bytes named; against the host's copy
+  bandwidth measured in the same process after the fit (`copy_bandwidth`: the best of a few copies of
+  ``--copy-mib`` MiB, read + write counted). Only when CG keeps W Phi between products (the plan's
+  cache_design; otherwise each product rebuilds it and no estimate is made).
 
-Rows named "the rest" are the parent's time less its timed parts. Writes <out>/cpu-profile-<time>.json and
-.md and prints the table.
+The fit's threads wait as a command's would (the load measured before torch loads chooses the OpenMP wait
+policy, `tamrun.machine.threads`), not as the benchmark's child's (OpenMP's default). Rows named "the rest"
+are the parent's time less its timed parts. Writes <out>/cpu-profile-<time>.json and .md and prints the
+report.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ ROWS = (
     ("CG system", "fit", SETUP, "tamrun.solve.assembly.CgSystem"),
     ("design chunks", "CG system", SETUP, "W Phi of each row chunk, kept between products"),
     ("rows to leaves", "design chunks", SETUP, "ForestEffect.leaf_index: the binning"),
-    ("CSR indicators", "CG system", SETUP, "O and O' of the leaf columns: the index building"),
+    ("CSR indicators", "CG system", SETUP, "O and O' of the leaf columns: the index building (calls: with look-ups)"),
     ("two-level sources", "CG system", SETUP, "Phi' U_s, one pass over the rows"),
     ("grid block inverses", "CG system", SETUP, "the leaves' (Q, Q) blocks, by Cholesky"),
     ("one-level preconditioner", "CG system", SETUP, "the dense block's inverse (block-Jacobi)"),
@@ -205,32 +209,37 @@ class Installed:
             setattr(owner, name, original)
 
 
-def csr_bytes(matrix: Any) -> int:
-    """Bytes of a CSR matrix's arrays: row pointers, column indices, values."""
-    return sum(part.numel() * part.element_size()
-               for part in (matrix.crow_indices(), matrix.col_indices(), matrix.values()))
+def csr_bytes(matrix: Any) -> Tuple[int, int]:
+    """(index bytes: row pointers and column indices, value bytes) of a CSR matrix."""
+    index = sum(part.numel() * part.element_size() for part in (matrix.crow_indices(), matrix.col_indices()))
+    return index, matrix.values().numel() * matrix.values().element_size()
 
 
-def sparse_bytes(systems: List[Any]) -> Optional[Tuple[int, int]]:
+def sparse_bytes(systems: List[Any]) -> Optional[Dict[str, int]]:
     """Bytes one A v moves through the sparse products of the kept design chunks (the module docstring):
-    (every array once, every gathered row from memory); None when CG kept no chunk (W Phi rebuilt at
-    each product: the estimate would leave the rebuilding out)."""
-    least = most = 0
+    ``least`` (every array once), ``most`` (every gathered row from memory), and of them the CSR arrays'
+    ``index`` and ``values`` bytes; None when CG kept no chunk (W Phi rebuilt at each product: the estimate
+    would leave the rebuilding out)."""
+    out = dict.fromkeys(("least", "most", "index", "values"), 0)
     for system in systems:
         if system.cached is None:
             return None
         for chunk in system.cached:
             for _, block in chunk.indexed:
-                indicator, transposed = block.indicators(chunk.dense.dtype)  # kept by `prepare`: no new work
+                for matrix in block.indicators(chunk.dense.dtype):  # kept by `prepare`: no new work
+                    index, values = csr_bytes(matrix)
+                    out["index"], out["values"] = out["index"] + index, out["values"] + values
                 g, n, slots = block.shape
                 item, q = chunk.dense.element_size(), block.q
                 grid, rows, gathered = g * block.n_rows_grid * q * item, g * n * q * item, g * n * slots * q * item
-                # O V: O, V, the picked rows written, read and times the row values, the sums written;
-                # O' u: the values times u written, O', that source read, the grid written
-                arrays = csr_bytes(indicator) + csr_bytes(transposed) + 7 * rows + 2 * g * n * item
-                least += arrays + 2 * grid + rows
-                most += arrays + grid + 2 * gathered
-    return least, most
+                # O V: V read, the picked rows written, read and times the row values, the sums written;
+                # O' u: the values times u written, that source read, the grid written
+                vectors = 7 * rows + 2 * g * n * item
+                out["least"] += vectors + 2 * grid + rows
+                out["most"] += vectors + grid + 2 * gathered
+    out["least"] += out["index"] + out["values"]
+    out["most"] += out["index"] + out["values"]
+    return out
 
 
 def copy_bandwidth(mebibytes: int, repeats: int = COPY_REPEATS) -> float:
@@ -267,7 +276,8 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
         record = run_tamrun(fit_args, PeakMeter(fit_args.device))
     tallies = [[phase, label, tally.seconds, tally.calls] for (phase, label), tally in stopwatch.tallies.items()
                if phase != OUTSIDE]
-    record.update(status="ok", tallies=tallies, iterations=stopwatch.iterations, most_iterations=stopwatch.most_iterations,
+    record.update(status="ok", tallies=tallies, iterations=stopwatch.iterations,
+                  most_iterations=stopwatch.most_iterations,
                   cg_cpu_seconds=stopwatch.cpu_seconds, sparse_bytes=sparse_bytes(stopwatch.systems),
                   threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(), wait_policy=wait,
                   copy_gb_s=copy_bandwidth(args.copy_mib), copy_mib=args.copy_mib)
@@ -312,8 +322,8 @@ def per_iteration(record: Dict[str, Any], seconds: float) -> str:
 def preset_table(model: str, record: Dict[str, Any]) -> List[str]:
     """One preset's section: its parts' table and the lines on its threads and bytes."""
     if record.get("status") != "ok":
-        return [f"### {model}: {record.get('status')} {record.get('error_kind', '')} {record.get('error', '')}".rstrip(),
-                ""]
+        outcome = f"{record.get('status')} {record.get('error_kind', '')} {record.get('error', '')}".rstrip()
+        return [f"### {model}: {outcome}", ""]
     fit = measured(record)["fit"][0]
     solve_labels = {label for label, _, phase, _ in ROWS if phase == SOLVE} | {"CG solve"}
     lines = [f"### {model}: fit {fit:.2f} s, route {record['route']}, D = {record['width']:,}, "
@@ -339,12 +349,14 @@ def detail_lines(record: Dict[str, Any]) -> List[str]:
     sparse = sum(times.get(label, (0.0, 0))[0] for label in ("sparse Phi v", "sparse Phi' u"))
     moved = record.get("sparse_bytes")
     if moved and record.get("iterations") and sparse:
-        least, most = moved
+        least, most = moved["least"], moved["most"]
         seconds = sparse / record["iterations"]
         lines.append(f"- sparse products per A v: {least / 1e6:.1f} MB moved at least, {most / 1e6:.1f} MB if every "
-                     f"gathered row came from memory (estimates); {1000 * seconds:.2f} ms measured: "
-                     f"{least / seconds / 1e9:.1f}-{most / seconds / 1e9:.1f} GB/s (estimate) against the copy's "
-                     f"{record['copy_gb_s']:.1f} GB/s (measured, {record['copy_mib']} MiB, best of {COPY_REPEATS})")
+                     f"gathered row came from memory (estimates; of them the CSR arrays of O and O': "
+                     f"{moved['index'] / 1e6:.1f} MB of indices, {moved['values'] / 1e6:.1f} MB of values, all ones); "
+                     f"{1000 * seconds:.2f} ms measured: {least / seconds / 1e9:.1f}-{most / seconds / 1e9:.1f} GB/s "
+                     f"(estimate) against the copy's {record['copy_gb_s']:.1f} GB/s (measured, {record['copy_mib']} "
+                     f"MiB, best of {COPY_REPEATS})")
     else:
         lines.append(f"- copy bandwidth: {record['copy_gb_s']:.1f} GB/s (measured, {record['copy_mib']} MiB, best of "
                      f"{COPY_REPEATS}); no sparse products kept between CG's products to estimate")
@@ -363,7 +375,7 @@ def summary_table(records: Dict[str, Dict[str, Any]]) -> List[str]:
         fit, solve = times["fit"][0], times.get("CG solve", (0.0, 0))[0]
         sparse = sum(times.get(label, (0.0, 0))[0] for label in ("sparse Phi v", "sparse Phi' u"))
         its, moved = record.get("iterations") or 0, record.get("sparse_bytes")
-        rate = (f"{moved[0] * its / sparse / 1e9:.1f}-{moved[1] * its / sparse / 1e9:.1f}"
+        rate = (f"{moved['least'] * its / sparse / 1e9:.1f}-{moved['most'] * its / sparse / 1e9:.1f}"
                  if moved and its and sparse else "—")
         share = f"{100 * sparse / solve:.0f} %" if solve else "—"
         busy = f"{record['cg_cpu_seconds'] / solve:.2f}" if solve else "—"

@@ -87,7 +87,8 @@ def machine_info(device: str = "cpu") -> Dict[str, str]:
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     info = {"cpu": f"{cpu_description()}, {psutil.cpu_count()} logical cores",
-            "vector extensions": vector_description(), "memory": f"{psutil.virtual_memory().total / 2**30:.0f} GiB", "gpu": gpu,
+            "vector extensions": vector_description(), "memory": f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+            "gpu": gpu,
             "torch": importlib.metadata.version("torch"), "python": platform.python_version()}
     if hasattr(os, "getloadavg"):
         info["load average at start"] = f"{os.getloadavg()[0]:.2f}"
