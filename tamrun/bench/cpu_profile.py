@@ -77,7 +77,7 @@ ROWS = (
     ("two-level correction", "M^-1", SOLVE, "CoarseCorrection's products (no product with Phi)"),
     ("residual summary", "CG solve", SOLVE, "one device sync per iteration"),
 )
-REST = {"fit": "the dispatcher's rest: the coefficients' check, the fitted model, its training support",
+REST = {"fit": "the rest of the solve (a direct route's), the coefficients' check, the fitted model, its support",
         "features": "the training batch", "CG system": "the assembly pass: b, diag A, the dense Gram",
         "design chunks": "the dense columns, the leaves' flat index", "CG solve": "vector updates, norms, dot products",
         "A v": "the dense columns, P v, the sums", "M^-1": "block-Jacobi, the vector sums"}
@@ -116,8 +116,9 @@ class Tally:
 
 
 class Stopwatch:
-    """Wall time of the seams' calls, by (phase, label): CG's calls count in the phase ``solve``, the others
-    in ``setup``. Keeps the CG systems built and CG's runs (iterations, CPU time) for the report."""
+    """Wall time of the seams' calls, by (phase, label): the calls inside CG count in the phase ``solve``,
+    the others inside the data's load or the fit in ``setup``, the rest (the test year's prediction) in
+    ``outside``. Keeps the CG systems built and CG's runs (iterations, CPU time) for the report."""
 
     def __init__(self) -> None:
         self.tallies: Dict[Tuple[str, str], Tally] = defaultdict(Tally)
@@ -184,10 +185,8 @@ class Stopwatch:
         return kept
 
     def installed(self, points: List[Tuple[str, Any, str]]) -> "Installed":
+        """The stopwatch's wrappers in place of ``points``' functions while a ``with`` block runs."""
         return Installed(self, points)
-
-    def seconds(self, phase: str, label: str) -> float:
-        return self.tallies[phase, label].seconds if (phase, label) in self.tallies else 0.0
 
 
 class Installed:
@@ -198,10 +197,14 @@ class Installed:
         self.originals: List[Tuple[Any, str, Any]] = []
 
     def __enter__(self) -> Stopwatch:
-        for label, owner, name in self.points:
-            original = vars(owner)[name]  # defined on the owner itself, so that it can be put back
-            self.originals.append((owner, name, original))
-            setattr(owner, name, self.stopwatch.wrapped(label, original))
+        try:
+            for label, owner, name in self.points:
+                original = vars(owner)[name]  # defined on the owner itself, so that it can be put back
+                self.originals.append((owner, name, original))
+                setattr(owner, name, self.stopwatch.wrapped(label, original))
+        except BaseException:
+            self.__exit__()
+            raise
         return self.stopwatch
 
     def __exit__(self, *exc: Any) -> None:
@@ -272,11 +275,12 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
 
     fit_args = parse_arguments(["--side", "tamrun", "--bare", "--model", args.model,
                                 *[f"--override={item}" for item in args.override]])
+    meter = PeakMeter(fit_args.device)
     with Stopwatch().installed(seams()) as stopwatch:
-        record = run_tamrun(fit_args, PeakMeter(fit_args.device))
+        record = run_tamrun(fit_args, meter)
     tallies = [[phase, label, tally.seconds, tally.calls] for (phase, label), tally in stopwatch.tallies.items()
                if phase != OUTSIDE]
-    record.update(status="ok", tallies=tallies, iterations=stopwatch.iterations,
+    record.update(status="ok", peak_bytes=meter.peak_above_baseline(), tallies=tallies, iterations=stopwatch.iterations,
                   most_iterations=stopwatch.most_iterations,
                   cg_cpu_seconds=stopwatch.cpu_seconds, sparse_bytes=sparse_bytes(stopwatch.systems),
                   threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(), wait_policy=wait,
@@ -328,7 +332,8 @@ def preset_table(model: str, record: Dict[str, Any]) -> List[str]:
     solve_labels = {label for label, _, phase, _ in ROWS if phase == SOLVE} | {"CG solve"}
     lines = [f"### {model}: fit {fit:.2f} s, route {record['route']}, D = {record['width']:,}, "
              f"{record.get('iterations', 0)} CG iterations run (the most a group needed: "
-             f"{record.get('most_iterations', 0)})", "",
+             f"{record.get('most_iterations', 0)}), peak memory above the loaded data "
+             f"{record['peak_bytes'] / 2**20:.0f} MiB (the fit and the test year's prediction)", "",
              "| part | what it is | calls | s | share of the fit | ms per CG iteration |", "|---|---|---|---|---|---|"]
     solving = False
     for depth, label, note, seconds, calls in tree_rows(record):
