@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,114 @@ def test_the_machine_header_names_the_cpu_family_and_model(tmp_path):
     assert cpu_description(str(cpuinfo)) == "Some CPU"
     assert cpu_description(str(tmp_path / "missing")) != ""  # not Linux: the platform's name
     assert header_lines({"cpu": "x", "load average at start": "0.50"}) == ["- cpu: x", "- load average at start: 0.50"]
+
+
+# A Sapphire Rapids Xeon's first processor (flags abridged to those around the vector extensions).
+INTEL_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse sse2 ssse3 fma cx16 sse4_1 sse4_2 avx f16c avx2 avx512f avx512dq avx512cd avx512bw avx512vl \
+avx512_bf16 avx512_vnni avx512_fp16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+flags\t\t: fpu sse
+"""
+
+
+def test_the_machine_header_names_the_vector_extensions(tmp_path):
+    """The header carries the CPU's vector extensions, in `VECTOR_EXTENSIONS`' order whatever the flags'
+    order, only those present, and torch's own view of them (issue 63: the same code is 72 times the peer
+    on one host, 25 times on another)."""
+    import torch
+
+    from tamrun.bench.machine import VECTOR_EXTENSIONS, machine_info, vector_description, vector_extensions
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(INTEL_CPUINFO)
+    assert vector_extensions(str(cpuinfo)) == ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512bw",
+                                               "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                                               "amx_bf16", "amx_int8")  # avx512cd, f16c: not in the tuple
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")  # an Arm host names them "Features"
+    assert vector_extensions(str(cpuinfo)) == ("asimd", "sve")
+    assert vector_extensions(str(tmp_path / "missing")) == ()
+    assert vector_description(str(tmp_path / "missing")).startswith("none named (torch: ")
+    # this host: its own flags line, read here independently
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines
+                  if line.split(":")[0].strip() in ("flags", "Features")), [])
+    assert vector_extensions() == tuple(name for name in VECTOR_EXTENSIONS if name in flags)
+    described = machine_info()["vector extensions"]
+    assert described.endswith(f"(torch: {torch.backends.cpu.get_cpu_capability()})")
+    assert all(name in described.split() for name in vector_extensions())
+
+
+def test_torch_capability_comes_from_a_fresh_python_when_torch_is_not_loaded():
+    """A benchmark's own process stays lean: without torch loaded, the capability comes from a child python."""
+    import subprocess
+    import sys
+
+    import torch
+
+    code = ("import sys; from tamrun.bench.machine import torch_capability; "
+            "print(torch_capability(), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == [torch.backends.cpu.get_cpu_capability(), "False"]
+
+
+def profile_rows(section: str):
+    """(depth, label, seconds) of a preset's parts table in the profile's markdown."""
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 6 and re.fullmatch(r"-?\d+\.\d+", cells[3]):  # a negative part would show
+            label = cells[0]
+            depth = 0
+            while label.startswith("· "):
+                depth, label = depth + 1, label[2:]
+            rows.append((depth, label, float(cells[3])))
+    return rows
+
+
+def test_cpu_profile_splits_a_forest_fit_into_parts_that_add_up(csv_path, tmp_path, capsys):
+    """`python -m tamrun.bench.cpu_profile` on a tiny forest fitted by two-level CG: the summary row, the parts'
+    table (every part non-negative, each parent's parts within it), the threads and the bytes (named
+    estimates) against a measured copy bandwidth, and the JSON beside it. No figure is compared with a time."""
+    from tamrun.bench.cpu_profile import main as profile_main
+
+    overrides = [item for item in csv_overrides(csv_path) if item != "model=custom" and "sx" not in item]
+    overrides += ["+model.effects.fx={kind: forest, column: x, others: [dow], n_trees: 4, max_depth: 3, ap: -3}",
+                  "solver.name=cg"]
+    out = tmp_path / "out"
+    assert profile_main(["--model", "custom", "--copy-mib", "4", "--out", str(out),
+                         *[f"--override={item}" for item in overrides]]) == 0
+    text = capsys.readouterr().out
+    assert "- vector extensions: " in text and "- load average (1, 5, 15 min) at start: " in text
+    summary = next(line for line in text.splitlines() if line.startswith("| custom |"))
+    assert len(summary.split("|")) == 11 and float(summary.split("|")[2]) > 0  # the fit's seconds, not an outcome
+    section = text.split("### custom: ", 1)[1]
+    assert section.startswith("fit ") and "route cg" in section.splitlines()[0]
+    rows = profile_rows(section)
+    labels = [label for _, label, _ in rows]
+    for part in ("data", "fit", "rows to leaves", "CSR indicators", "two-level sources", "CG solve", "A v",
+                 "sparse Phi v", "sparse Phi' u", "M^-1", "two-level correction", "the rest"):
+        assert part in labels, part
+    assert all(seconds >= 0 for _, _, seconds in rows), rows
+    fit = next(seconds for _, label, seconds in rows if label == "fit")
+    for index, (depth, label, seconds) in enumerate(rows):  # a parent's direct parts add up to at most it
+        parts = []
+        for later_depth, _, later_seconds in rows[index + 1:]:
+            if later_depth <= depth:
+                break
+            if later_depth == depth + 1:
+                parts.append(later_seconds)
+        assert sum(parts) <= seconds + 0.0015 * len(parts), (label, seconds, parts)  # the table rounds to ms
+    assert sum(seconds for depth, label, seconds in rows if depth == 1) <= fit + 0.01
+    assert "GB/s (estimate) against the copy's" in section and "(measured, 4 MiB" in section
+    assert "torch intra-op " in section and "CPU s per wall s while CG ran: " in section
+    saved = json.loads(next(out.glob("cpu-profile-*.json")).read_text())
+    record = saved["records"]["custom"]
+    assert record["status"] == "ok" and record["iterations"] > 0 and record["copy_gb_s"] > 0
+    moved = record["sparse_bytes"]
+    assert 0 < moved["index"] + moved["values"] < moved["least"] <= moved["most"]

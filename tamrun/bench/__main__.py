@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tamrun.bench.commands import run_child
+from tamrun.bench.commands import run_child, write_report
 from tamrun.bench.machine import machine_info
 from tamrun.bench.report import markdown
 
@@ -126,13 +125,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     header = {"title": f"{args.device}{f', cap {args.cap}' if args.cap else ''}, float64, r = {args.repeats}",
               "command": f"`{command_line}`", "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
               **machine_info(args.device)}
-    report = markdown(records, header)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"bench-{args.device}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    stem.with_suffix(".json").write_text(json.dumps({"header": header, "records": records}, indent=2))
-    stem.with_suffix(".md").write_text(report)
-    sys.stdout.write(report)
+    stem = write_report(args.out, f"bench-{args.device}", header, records, markdown(records, header))
     log.info("wrote %s.json and .md", stem)
     return 0
 

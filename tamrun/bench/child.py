@@ -217,7 +217,8 @@ def run_peer(args: argparse.Namespace, meter: PeakMeter) -> Dict[str, object]:
             **_metrics(test[args.target].to_numpy(), np.asarray(predicted, dtype=float))}
 
 
-def main(argv: Optional[list] = None) -> int:
+def parse_arguments(argv: Optional[list] = None) -> argparse.Namespace:
+    """The child's command line (also `tamrun.bench.cpu_profile`'s fit: ``--side tamrun --bare``)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--side", choices=["tamrun", "peer"], required=True)
     parser.add_argument("--model", required=True)
@@ -234,7 +235,11 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--peer-max-iter", type=int, default=None)
     parser.add_argument("--override", action="append", default=[], help="a tamrun override (repeatable)")
     parser.add_argument("--bare", action="store_true", help="tamrun: time fit_model directly (the second column)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parse_arguments(argv)
     meter = PeakMeter(args.device)
     try:
         import torch

@@ -145,3 +145,15 @@ def report_presets(prog: str, argv: Optional[List[str]], presets: str, measure: 
     command = f"{prog} " + " ".join(argv if argv is not None else sys.argv[1:])
     sys.stdout.write("\n".join([*machine_lines, f"- command: `{command.strip()}`", "", *table(results)]) + "\n")
     return 0
+
+
+def write_report(out: str, name: str, header: Dict[str, str], records: object, text: str) -> Path:
+    """Write ``<out>/<name>-<time>.json`` (the header and the records) and ``.md`` (``text``), print ``text``;
+    the files' stem."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.with_suffix(".json").write_text(json.dumps({"header": header, "records": records}, indent=2))
+    stem.with_suffix(".md").write_text(text)
+    sys.stdout.write(text)
+    return stem
