@@ -374,7 +374,7 @@ REFUSALS = [
      "tamrun: data error: data.derived.xt.over='table': 9600 row(s) share a date with another (first: "
      "2020-01-01 00:00:00): the table has no single time order. Fix: set data.derived.xt.over=group"),
     ("over the table streamed", ["+data.derived.xt={kind: lag, column: x, by: 1D, over: table}",
-                                 "memory.limit=4MiB", "memory.data_in_limit=true"], None,
+                                 "memory.limit=6MiB", "memory.data_in_limit=true"], None,
      "tamrun: config error: data.derived.xt.over='table': the table does not fit in memory and is streamed in "
      "chunks of groups, but a column over the whole table reads every group's rows in one time order. Fix: set "
      "data.derived.xt.over=group"),
@@ -427,7 +427,7 @@ def test_a_streamed_run_derives_each_chunk_s_groups_as_the_whole_run(compose_cfg
 
     args = [*LAG_RUN, f"data.path={sites_files['parquet']}"]
     whole = run(compose_cfg(*args))
-    streamed = run(compose_cfg(*args, "memory.limit=2MiB", "memory.data_in_limit=true"))
+    streamed = run(compose_cfg(*args, "memory.limit=3MiB", "memory.data_in_limit=true"))
     assert "stream_chunks" not in whole.metrics and streamed.metrics["stream_chunks"] >= 2
     for name in METRICS:
         assert streamed.metrics[name] == pytest.approx(whole.metrics[name], rel=1e-9), name
