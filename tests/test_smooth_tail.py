@@ -219,3 +219,26 @@ def test_the_national_shape_is_served_from_date_and_temperature(sites):
     for name in ("mx", "mn", "s950"):
         np.testing.assert_allclose(served[name].to_numpy(), whole.loc[served.index, name].to_numpy(), rtol=1e-12,
                                    atol=0, err_msg=name)
+
+
+def test_the_served_model_takes_the_days_after_without_their_smooths(smooth_run, monkeypatch):
+    """Through mlflow.pyfunc (the served model's checks included): the days after the table from site, date and
+    temperature; its input example, the table's last rows (at its end), carries the smooth columns."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=smooth_run["store"])
+    run_id = smooth_run["run_id"]
+    (logged,) = [m for m in client.search_logged_models([client.get_run(run_id).info.experiment_id])
+                 if m.source_run_id == run_id]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", smooth_run["store"])  # the store its files are checked against
+    loaded = mlflow.pyfunc.load_model(logged.artifact_location)
+    example = loaded.metadata.load_input_example(logged.artifact_location.removeprefix("file://"))
+    assert {"temp_s", "temp_max"} <= set(example.columns)
+    rows = local_text(hourly_sites(sites=2, start="2022-03-21", end="2022-03-22"))
+    served = loaded.predict(rows)
+    expected = logged_model(smooth_run["store"], run_id).predict_values(rows)
+    np.testing.assert_allclose(served["predicted"].to_numpy(dtype=np.float64), np.asarray(expected), rtol=1e-12)
+    with pytest.raises(mlflow.exceptions.MlflowException, match=r"data.derived.temp_(s|max)='temperature': .* not "
+                                                                r"after the table's last"):
+        loaded.predict(example.drop(columns=["temp_s", "temp_max"]))
