@@ -30,7 +30,7 @@ from tamrun.data.checks import (apply_nan_policy, check_constant_columns, check_
                                  drop_missing_groups, enforce)
 from tamrun.data.calendar import Calendar
 from tamrun.data.derive import DataRecipe, add_derived_columns, derived_sources
-from tamrun.data.history import HistoryTail, reads_history
+from tamrun.data.history import HistoryTail, reads_history, smooth_ends
 from tamrun.data.load import frame_bytes
 from tamrun.data.table import Table
 from tamrun.data.split import carve_validation, in_periods, split_by_date
@@ -102,7 +102,8 @@ def load_splits(config: Config, specs: Dict[str, Any], room: RoomCheck = no_room
     frame = check_target_outliers(frame, data.target, data.date_column, data.group, data.target_outliers)
     check_target_leakage(frame, effect_columns(specs), data.target)
     recipe = DataRecipe(dict(data.derived), data.date_column, data.target, data.group, origin, data.date_format,
-                        data.dayfirst, calendar, HistoryTail.of(frame, data.derived, data.date_column, data.group))
+                        data.dayfirst, calendar, HistoryTail.of(frame, data.derived, data.date_column, data.group),
+                        smooth_ends(frame, data.derived, data.date_column, data.group, calendar.timezone))
     room("splitting the data", "split", frame_bytes(frame))
     train, test = split_by_date(frame, config.split, data.date_column, data.timezone)
     check_constant_columns(train, effect_columns(specs), data.constant_features)

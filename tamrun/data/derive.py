@@ -13,7 +13,7 @@ from tamrun.config.expr import evaluate, names, parse_expression
 from tamrun.data.calendar import Calendar, calendar_column
 from tamrun.data.dates import local_time, read_dates
 from tamrun.data.file_kind import use_one_of
-from tamrun.data.history import HistoryTail, TimeOrder, history_column
+from tamrun.data.history import HistoryTail, SmoothEnd, TimeOrder, history_column, local_clock
 from tamrun.errors import DataError
 
 
@@ -22,7 +22,7 @@ DATE_KINDS = ("time_index", "calendar", "holiday")  # the kinds read from the da
 
 def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
                         origin: Optional[pd.Timestamp] = None, calendar: Optional[Calendar] = None,
-                        group: Optional[str] = None) -> pd.DataFrame:
+                        group: Optional[str] = None, ends: Optional[Mapping[str, SmoothEnd]] = None) -> pd.DataFrame:
     """Return ``frame`` with each derived column appended, in config order (a new frame; the
     existing columns are shared, copy-on-write, not copied).
 
@@ -32,8 +32,8 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
     ``calendar`` and ``holiday``: read from the date in local time (`tamrun.data.calendar`, with ``calendar``:
     the time zone, the country's holidays and the table's step; its step read from ``frame`` when not known);
     ``lag``, ``rolling``, ``smooth``: read from ``column``'s earlier rows of the row's group (data.group: ``group``),
-    in time order (`tamrun.data.history`; local days in the calendar's time zone). A derived column may read
-    the ones before it.
+    in time order (`tamrun.data.history`; local days in the calendar's time zone); a smooth of ``ends`` (a
+    fitted model's state) continues from its end. A derived column may read the ones before it.
     """
     out = frame.copy(deep=False)
     orders: Dict[Optional[str], TimeOrder] = {}  # the rows' time orders, sorted once for every history column
@@ -53,7 +53,8 @@ def add_derived_columns(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn
             out[name] = out[spec.column].isin(list(spec.values)).astype(np.float64)
         elif spec.kind in HISTORY_KINDS:
             timezone = None if calendar is None else calendar.timezone
-            out[name] = history_column(out, spec, field, date_column, group, timezone, orders)
+            out[name] = history_column(out, spec, field, date_column, group, timezone, orders) if name not in \
+                (ends or {}) else ends[name].continued(out, name, spec, field, date_column, group, timezone, orders)
         elif spec.kind in ("calendar", "holiday"):
             if calendar is None or calendar.step_seconds is None:
                 calendar = Calendar.of_table(calendar, out[date_column])
@@ -97,6 +98,7 @@ class DataRecipe:
     dayfirst: bool = False  # a table to predict from is read the same way (`read_dates`)
     calendar: Optional[Calendar] = None  # None: a model saved before calendars (no time zone)
     tail: Optional[HistoryTail] = None  # each group's last rows for its lag and rolling columns (None: none kept)
+    smooth: Optional[Dict[str, SmoothEnd]] = None  # each smooth column's state at the table's end (None: none kept)
 
     @property
     def timezone(self) -> Optional[str]:
@@ -111,7 +113,8 @@ class DataRecipe:
         """The raw columns ``column`` is read from: itself unless it is derived; the date for a time
         index, an ``isin``'s column, the names an expression mentions that are in ``available``; for a history
         column (`tamrun.data.history`: it reads earlier rows), none when the kept ``tail`` holds its source (the
-        tail and the rows sent give it), else the column itself, given as such."""
+        tail and the rows sent give it; a derived source: that source), for a smooth its source and the date when
+        its state is kept (``smooth``: it continues from it), else the column itself, given as such."""
         spec = self.derived.get(column)
         if spec is None:
             return [column]
@@ -119,8 +122,12 @@ class DataRecipe:
             return [self.date_column]
         if spec.kind == "isin":
             return [spec.column]
+        if spec.kind == "smooth":  # continued from its kept state over the rows sent, else given as such
+            return [spec.column, self.date_column] if self.smooth and column in self.smooth else [column]
         if spec.kind in HISTORY_KINDS:  # read from earlier rows: the kept tail's and those sent, else given as such
-            return [] if self.tail is not None and spec.column in self.tail.values else [column]
+            if self.tail is None or spec.column not in self.tail.values:
+                return [column]
+            return [spec.column] if spec.column in self.derived else []
         _, mentioned = derived_sources({column: spec})
         return [name for name in available if name in mentioned]
 
@@ -146,6 +153,11 @@ class DataRecipe:
                 wanted.update(self.sources(name, self.derived))
         return {name: spec for name, spec in self.derived.items() if name in wanted}
 
+    def continued(self, columns: Optional[Iterable[str]]) -> List[str]:
+        """The smooth columns ``columns`` read (`needed`) that continue from their kept state (``smooth``) over rows
+        after the table's end: rows at or before it give them as such."""
+        return [name for name in self.needed(columns) if name in (self.smooth or {})]
+
     def apply(self, frame: pd.DataFrame, columns: Optional[Iterable[str]] = None) -> pd.DataFrame:
         """``frame`` with the derived columns it lacks (a copy when any is added); ``columns``: only those the
         model reads (`needed`): a derived column it does not read may lack its source."""
@@ -159,12 +171,14 @@ class DataRecipe:
             frame = add_derived_columns(frame, grouping, self.date_column, self.origin, self.calendar)
             missing = {name: spec for name, spec in missing.items() if name not in grouping}
         history = {name: spec for name, spec in missing.items() if spec.kind in HISTORY_KINDS}
+        ends = {name: end for name, end in (self.smooth or {}).items() if name in missing}
+        refuse_before_end(frame, ends, self)
         if history and self.tail is not None:
             out = add_derived_columns(self.tail.before(frame, self.date_column, self.group), missing, self.date_column,
-                                      self.origin, self.calendar, self.group)
+                                      self.origin, self.calendar, self.group, ends)
             out = out.iloc[len(out) - len(frame):].set_axis(frame.index)[[*frame.columns, *missing]]
         else:
-            out = add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group)
+            out = add_derived_columns(frame, missing, self.date_column, self.origin, self.calendar, self.group, ends)
         refuse_no_history(out, history)
         return out
 
@@ -181,3 +195,27 @@ def refuse_no_history(frame: pd.DataFrame, history: Mapping[str, DerivedColumn])
                             "rows to predict nor among the last rows of its table the model keeps",
                             f"send those earlier rows with their {spec.column} along, or give the column {name} itself "
                             "in the rows to predict (the value a run would derive)")
+
+
+def refuse_before_end(frame: pd.DataFrame, ends: Mapping[str, SmoothEnd], recipe: DataRecipe) -> None:
+    """`DataError` naming a smooth column continued from its kept state (``ends``) that rows to predict lie at or
+    before the end of (or in a group the table did not have): their smoothing reads rows the model did not keep."""
+    for name, end in ends.items():
+        spec = recipe.derived[name]
+        at = end.position(frame, spec, recipe.group)
+        dates = frame[recipe.date_column].to_numpy(dtype="datetime64[ns]")
+        stamps = dates if spec.daily is None else \
+            local_clock(dates, recipe.timezone).normalize().to_numpy(dtype="datetime64[ns]")
+        early = ~end.after(at, stamps)
+        if not early.any():
+            continue
+        first = int(np.argmax(early))
+        last = pd.Timestamp(int(end.ends[max(at[first], 0)]))
+        where = "a group the table did not have" if at[first] < 0 else "not after the table's last " + \
+            (f"date {last}{' UTC' if recipe.timezone else ''}" if spec.daily is None else f"local day {last.date()}") + \
+            (" (of their group)" if end.groups else "")
+        raise DataError(f"data.derived.{name}", spec.column, f"{int(early.sum())} of the {len(frame)} rows to predict "
+                        f"(first: row {first}, counted from 0) are {where}: the {spec.kind} continues from its value "
+                        "at the end of the table the model was fitted from, over rows after that end only",
+                        f"send only rows after the table's end, or give the column {name} itself in the rows to "
+                        "predict (the value a run would derive)")

@@ -16,6 +16,9 @@ clock time n days earlier: 23 or 25 hours across a clock change), h, min and s e
 that does not exist (the hour the clocks skip) has no row: its lag is NaN; one that reads twice is its first
 (summer time). A window's bound at such a time moves to the hour after, or to the first of the two.
 
+A fitted model keeps each group's last rows for its lags and windows (`HistoryTail`) and each smooth's value at
+the table's end (`SmoothEnd`): rows sent after the end continue the smooth from it (`continued_smooth`).
+
 ``over: group`` (default) reads each group of data.group apart; ``over: table`` reads every row in one time
 order (each date at most once). The frame's order is kept: its rows are sorted stably by (group, date) once,
 computed, and put back.
@@ -71,13 +74,7 @@ def history_column(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_co
                    timezone: Optional[str], orders: Optional[Dict[Optional[str], "TimeOrder"]] = None) -> np.ndarray:
     """(n,) float64: the history column ``spec`` of ``frame``'s rows, in their order. ``orders``: the time
     orders of ``frame`` already sorted (`time_order`), shared by the columns of one `add_derived_columns`."""
-    if spec.column not in frame.columns:
-        raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(frame.columns))
-    try:
-        values = frame[spec.column].to_numpy(dtype=np.float64, na_value=np.nan)
-    except (TypeError, ValueError):
-        raise DataError(f"{field}.column", spec.column, f"a {spec.kind} column reads numbers, and this column holds "
-                        "text", "name a numeric column") from None
+    values = source_values(frame, spec, field)
     ordered = time_order(frame, spec, field, date_column, group, timezone, {} if orders is None else orders)
     if not len(frame):
         return np.empty(0)
@@ -92,6 +89,17 @@ def history_column(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_co
         found = smooth_values(ordered.keys, values, float(spec.factor))
     del values
     return ordered.unsort(found)
+
+
+def source_values(frame: pd.DataFrame, spec: DerivedColumn, field: str) -> np.ndarray:
+    """(n,) float64: the column a history column reads, in ``frame``'s order (refused when absent or text)."""
+    if spec.column not in frame.columns:
+        raise DataError(f"{field}.column", spec.column, "no such column in the data", use_one_of(frame.columns))
+    try:
+        return frame[spec.column].to_numpy(dtype=np.float64, na_value=np.nan)
+    except (TypeError, ValueError):
+        raise DataError(f"{field}.column", spec.column, f"a {spec.kind} column reads numbers, and this column holds "
+                        "text", "name a numeric column") from None
 
 
 @dataclass(eq=False)  # arrays: compared by identity
@@ -166,7 +174,7 @@ def time_order(frame: pd.DataFrame, spec: DerivedColumn, field: str, date_column
                timezone: Optional[str], orders: Dict[Optional[str], TimeOrder]) -> TimeOrder:
     """The `TimeOrder` a history column reads (``orders``: those sorted already, this one added): one per group
     under data.group (``over: group``), else one time order, two rows of one date refused (``over: table``)."""
-    grouped = group if spec.over != "table" and group is not None and group in frame.columns else None
+    grouped = grouped_by(frame, spec, group)
     if grouped not in orders:
         orders[grouped] = TimeOrder.of(frame, date_column, grouped, timezone)
     ordered = orders[grouped]
@@ -325,8 +333,13 @@ def smooth_finite(keys: np.ndarray, values: np.ndarray, factor: float) -> np.nda
 def daily_smooth(ordered: TimeOrder, values: np.ndarray, spec: DerivedColumn) -> np.ndarray:
     """(n,) each sorted row's day's value of the smoothing, day by day, of its group's ``spec.daily`` of each local
     day (NaN values skipped)."""
-    keys = ordered.keys
-    days = ordered.local.normalize().to_numpy(dtype="datetime64[ns]")
+    return day_smooth(ordered.keys, ordered.local.normalize().to_numpy(dtype="datetime64[ns]"), values, spec)
+
+
+def day_smooth(keys: np.ndarray, days: np.ndarray, values: np.ndarray, spec: DerivedColumn,
+               before: Optional[np.ndarray] = None) -> np.ndarray:
+    """(n,) `daily_smooth` of sorted rows of groups ``keys`` on local days ``days``; ``before``: each row's group's
+    smoothed value of the day before its first (`continued_smooth`), None: each group starts afresh."""
     cuts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (days[1:] != days[:-1])])
     finite = np.isfinite(values)
     if spec.daily == "mean":
@@ -336,7 +349,18 @@ def daily_smooth(ordered: TimeOrder, values: np.ndarray, spec: DerivedColumn) ->
     else:
         daily = (np.fmin if spec.daily == "min" else np.fmax).reduceat(values, cuts)
     day_of_row = np.searchsorted(cuts, np.arange(len(values)), side="right") - 1
-    return smooth_values(keys[cuts], daily, float(spec.factor))[day_of_row]
+    if before is None:
+        return smooth_values(keys[cuts], daily, float(spec.factor))[day_of_row]
+    return continued_smooth(keys[cuts], daily, float(spec.factor), before[cuts])[day_of_row]
+
+
+def continued_smooth(keys: np.ndarray, values: np.ndarray, factor: float, before: np.ndarray) -> np.ndarray:
+    """(n,) `smooth_values` of each group's sorted ``values`` continued from ``before`` (each row's group's smoothed
+    value before its first row; NaN: none, the group starts afresh): ``before`` is put as a row ahead of each
+    group's first (a smoothing starts at its first value), then taken out."""
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    smoothed = smooth_values(np.insert(keys, starts, keys[starts]), np.insert(values, starts, before[starts]), factor)
+    return np.delete(smoothed, starts + np.arange(len(starts)))
 
 
 @dataclass(frozen=True, eq=False)  # arrays: compared by identity
@@ -354,9 +378,11 @@ class HistoryTail:
     def of(cls, frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str,
            group: Optional[str]) -> Optional["HistoryTail"]:
         """The tail of ``frame`` (the table's rows the run scored, derived columns included); None when no lag
-        or rolling column reads a file column (a smooth reads every earlier row: it is not kept)."""
+        or rolling column reads a file column or a smooth (a smooth reads every earlier row: its values are kept
+        for the lags and windows that read it, and it continues from its `SmoothEnd`)."""
         kept = {name: spec for name, spec in derived.items() if spec.kind in ("lag", "rolling")}
-        sources = [spec.column for spec in kept.values() if spec.column not in derived and spec.column in frame]
+        sources = [spec.column for spec in kept.values() if spec.column in frame and
+                   (spec.column not in derived or derived[spec.column].kind == "smooth")]
         reach_back = lookback(kept)
         if not sources or reach_back is None or not len(frame):
             return None
@@ -378,3 +404,74 @@ class HistoryTail:
         given = pd.MultiIndex.from_frame(frame[keys]) if len(keys) > 1 else pd.Index(frame[date_column])
         ours = pd.MultiIndex.from_frame(tail[keys]) if len(keys) > 1 else pd.Index(tail[date_column])
         return pd.concat([tail[~ours.isin(given)], frame], ignore_index=True)
+
+
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class SmoothEnd:
+    """A smooth column's state at the end of the table a fitted model kept (`HistoryTail`'s last rows): for each
+    group of its time order (``groups``; empty: one time order, ``over: table`` or no data.group), the last date
+    it read (``ends``, int64 ns as the table holds it; ``daily``: the last local day, its local midnight) and its
+    smoothed value there (``values``; NaN: no finite value yet). Rows sent after the end continue it."""
+
+    groups: list
+    ends: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, name: str, spec: DerivedColumn, date_column: str, group: Optional[str],
+           timezone: Optional[str]) -> "SmoothEnd":
+        """The state of the smooth column ``name`` at the end of ``frame`` (which holds it)."""
+        grouped = grouped_by(frame, spec, group)
+        ordered = TimeOrder.of(frame, date_column, grouped, timezone)
+        last = np.flatnonzero(np.r_[ordered.keys[1:] != ordered.keys[:-1], True])
+        values = ordered.sort(frame[name].to_numpy(dtype=np.float64, na_value=np.nan))[last]
+        groups = ordered.sort(frame[grouped].to_numpy())[last].tolist() if grouped else []
+        return cls(groups, end_stamps(ordered, spec)[last].astype(np.int64), values)
+
+    def position(self, frame: pd.DataFrame, spec: DerivedColumn, group: Optional[str]) -> np.ndarray:
+        """(n,) each row's place in the state (-1: a group the table did not have)."""
+        grouped = grouped_by(frame, spec, group)
+        if grouped is None:
+            return np.full(len(frame), 0 if len(self.ends) else -1, dtype=np.int64)
+        return pd.Index(self.groups).get_indexer(pd.Index(frame[grouped])).astype(np.int64)
+
+    def after(self, at: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        """(n,) whether each row (its place ``at``, its date or local day ``stamps``) lies after its group's end."""
+        if not len(self.ends):
+            return np.zeros(len(at), dtype=bool)
+        return (at >= 0) & (stamps.astype("datetime64[ns]").astype(np.int64) > self.ends[np.maximum(at, 0)])
+
+    def continued(self, frame: pd.DataFrame, name: str, spec: DerivedColumn, field: str, date_column: str,
+                  group: Optional[str], timezone: Optional[str], orders: Dict[Optional[str], TimeOrder]) -> np.ndarray:
+        """(n,) the column ``name`` of ``frame``'s rows: continued from the state after the end; elsewhere the
+        value ``frame`` holds (a kept tail's row) or NaN."""
+        values = source_values(frame, spec, field)
+        ordered = time_order(frame, spec, field, date_column, group, timezone, orders)
+        at = ordered.sort(self.position(frame, spec, group))
+        rows = np.flatnonzero(self.after(at, end_stamps(ordered, spec)))
+        out = ordered.sort(frame[name].to_numpy(dtype=np.float64, na_value=np.nan) if name in frame
+                           else np.full(len(frame), np.nan)).copy()
+        if len(rows):
+            values, keys, before = ordered.sort(values)[rows], ordered.keys[rows], self.values[at[rows]]
+            out[rows] = continued_smooth(keys, values, float(spec.factor), before) if spec.daily is None else \
+                day_smooth(keys, end_stamps(ordered, spec)[rows], values, spec, before)
+        return ordered.unsort(out)
+
+
+def grouped_by(frame: pd.DataFrame, spec: DerivedColumn, group: Optional[str]) -> Optional[str]:
+    """The column whose groups a history column reads apart (`time_order`); None: one time order."""
+    return group if spec.over != "table" and group is not None and group in frame.columns else None
+
+
+def end_stamps(ordered: TimeOrder, spec: DerivedColumn) -> np.ndarray:
+    """(n,) datetime64[ns] what a smooth's end is counted in: the sorted dates, or (``daily``) their local days."""
+    return ordered.dates if spec.daily is None else ordered.local.normalize().to_numpy(dtype="datetime64[ns]")
+
+
+def smooth_ends(frame: pd.DataFrame, derived: Mapping[str, DerivedColumn], date_column: str, group: Optional[str],
+                timezone: Optional[str]) -> Optional[Dict[str, SmoothEnd]]:
+    """The `SmoothEnd` of each smooth column of ``frame`` (the table's rows the run scored, derived columns
+    included); None when it has none (or no row)."""
+    ends = {name: SmoothEnd.of(frame, name, spec, date_column, group, timezone) for name, spec in derived.items()
+            if spec.kind == "smooth" and name in frame.columns and len(frame)}
+    return ends or None

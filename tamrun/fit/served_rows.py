@@ -186,7 +186,9 @@ def check_inputs(model: FittedModel, frame: pd.DataFrame) -> None:
     refuse_duplicated(frame)
     refuse_absent_or_missing(model, frame)
     refuse_complex(model, frame)
-    rows = model.recipe.apply(refuse_bad_dates(model, frame), model.input_columns)
+    refuse_bad_dates(model, frame)  # the dates checked; `DataRecipe.apply` reads them from ``frame`` (read once: a
+    # local time read twice would move by its offset)
+    rows = model.recipe.apply(frame, model.input_columns)
     codes = group_codes(model, rows)
     refuse_unseen_levels(model, rows)
     refuse_outside(model, rows, codes)

@@ -182,7 +182,9 @@ def log_pyfunc_model(tracked: Any, name: str, fitted: FittedModel, example: pd.D
     from mlflow.models import Model, ModelSignature, infer_signature
 
     model = fitted.to(HOST)  # every tensor of it: it loads on a machine without a GPU
-    rows = example[model.raw_columns(example.columns)]
+    given = [name for name in model.recipe.continued(model.input_columns) if name in example.columns]
+    rows = example[list(dict.fromkeys([*model.raw_columns(example.columns), *given]))]  # given: the table's rows are
+    # at or before its end, where a smooth is not continued (`DataRecipe.continued`)
     rows = rows.tail(EXAMPLE_ROWS) if model.recipe.tail is not None else rows.head(EXAMPLE_ROWS)  # tail: their history
     sample = dates_as_text(rows.reset_index(drop=True), model.recipe.date_column)
     client = tracked.client
