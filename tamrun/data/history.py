@@ -333,7 +333,7 @@ def smooth_finite(keys: np.ndarray, values: np.ndarray, factor: float) -> np.nda
 def daily_smooth(ordered: TimeOrder, values: np.ndarray, spec: DerivedColumn) -> np.ndarray:
     """(n,) each sorted row's day's value of the smoothing, day by day, of its group's ``spec.daily`` of each local
     day (NaN values skipped)."""
-    return day_smooth(ordered.keys, ordered.local.normalize().to_numpy(dtype="datetime64[ns]"), values, spec)
+    return day_smooth(ordered.keys, end_stamps(ordered, spec), values, spec)
 
 
 def day_smooth(keys: np.ndarray, days: np.ndarray, values: np.ndarray, spec: DerivedColumn,
