@@ -116,3 +116,18 @@ def test_design_chunk_gram_and_products_with_dense_and_indexed_blocks():
     np.testing.assert_allclose(chunk.rmatvec(torch.as_tensor(u)).numpy(), np.einsum("gnd,gn->gd", dense, u), atol=TOL)
     penalty = design.penalty_operator()
     np.testing.assert_allclose(penalty.matvec(torch.as_tensor(v)).numpy(), v @ penalty.dense().numpy(), atol=TOL)
+
+
+def test_the_transposed_indicator_is_the_indicator_transposed_whichever_pieces_sort_it():
+    """O' is built by sorts of whole groups, or of one group's slots a few at a time (`SORT_SLOTS`): every
+    way gives O transposed, each of its rows' columns ascending (the sum order of Phi' u)."""
+    for trees, groups in ((7, 3), (25, 3), (25, 1)):  # one sort; a sort per group; a group's slots in 3 sorts
+        forest = ForestEffect("forest", ForestSpec(column="a", others=["b"], n_trees=trees, max_depth=3), 11)
+        z = scaled_data(groups=groups)
+        forest.fit(z.reshape(-1, 2).numpy(), z.reshape(-1, 2).numpy())
+        block = forest.indexed_block(z, z)
+        indicator, transposed = block.indicators(torch.float64)
+        np.testing.assert_array_equal(transposed.to_dense().numpy(), indicator.to_dense().numpy().T)
+        crow, columns = transposed.crow_indices(), transposed.col_indices()
+        for row in range(crow.numel() - 1):
+            assert bool((columns[crow[row]:crow[row + 1]].diff() > 0).all())

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 
 
-SORT_SLOTS = 10  # slots sorted together while O' is built: about 48 bytes per slot and row of temporaries
+SORT_SLOTS = 10  # O' is built by sorts of at most this many slots' worth of a chunk's rows: under 48 bytes each of temporaries
 
 
 def csr_matrix(crow: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
@@ -110,16 +110,36 @@ class IndexedBlock:
             crow_t = torch.zeros(grid_rows + 1, dtype=index.dtype, device=index.device)
             torch.cumsum(torch.bincount(index, minlength=grid_rows), 0, out=crow_t[1:])
             columns = torch.empty_like(index)
-            starts = crow_t.long()
-            for first in range(0, t, SORT_SLOTS):  # a grid row belongs to one slot: sort a few slots at a time
-                keys = self.flat[:, first:first + SORT_SLOTS].T.reshape(-1)  # slot-major: (slots, g n)
-                order = torch.argsort(keys, stable=True)  # by grid row, data rows ascending within each
-                keys = keys[order].long()
-                rank = torch.arange(keys.numel(), device=index.device) - torch.searchsorted(keys, keys)
-                columns[starts[keys] + rank] = (order % rows).to(index.dtype)
-                del order, keys, rank
+            for data_rows, slots, first in self._sort_pieces():
+                keys = self.flat[data_rows, slots].T.reshape(-1)  # slot-major: a grid row's rows ascending
+                order = torch.argsort(keys, stable=True)  # the piece's entries of O', in O''s order
+                start = int(crow_t[first])
+                order.remainder_(data_rows.stop - data_rows.start).add_(data_rows.start)  # the data rows
+                columns[start:start + keys.numel()] = order
+                del keys, order
             self._indicator_t = csr_matrix(crow_t, columns, ones, (grid_rows, rows))
         return self._indicator, self._indicator_t
+
+    def _sort_pieces(self) -> Iterator[Tuple[slice, slice, int]]:
+        """Pieces of O' built by one sort each: (data rows, slots, first stacked grid row). A piece's grid
+        rows are consecutive, so its sorted entries are a run of O''s column indices: whole groups when
+        T of them fit in ``SORT_SLOTS`` slots' worth of the chunk's rows (the sort's temporaries, about
+        48 bytes an entry, stay within what `tamrun.memory.footprint` plans), else one group's slots a
+        few at a time (slot t owns grid rows [t R / T, (t + 1) R / T), the layout of
+        `tamrun.effects.forest`)."""
+        g, n, t = self.shape
+        budget = SORT_SLOTS * g * n  # entries sorted at once
+        groups = budget // (n * t) if n * t else g
+        if groups >= 1 or self.n_rows_grid % t:
+            for g0 in range(0, g, max(groups, 1)):
+                g1 = min(g, g0 + max(groups, 1))
+                yield slice(g0 * n, g1 * n), slice(0, t), g0 * self.n_rows_grid
+            return
+        per_slot, slots = self.n_rows_grid // t, max(budget // n, 1)
+        for group in range(g):
+            for t0 in range(0, t, slots):
+                yield slice(group * n, (group + 1) * n), slice(t0, min(t, t0 + slots)), \
+                    group * self.n_rows_grid + t0 * per_slot
 
     def _scatter_rows(self, source: torch.Tensor) -> torch.Tensor:
         """out[r] = sum_{n, t: index[n, t] = r} source[n]: source (g, n, K) -> (g, R K), i.e. O' source.
@@ -153,6 +173,15 @@ class IndexedBlock:
     def rmatvec(self, u: torch.Tensor) -> torch.Tensor:
         """u (g, n) -> Phi' u (g, R Q)."""
         return self._scatter_rows(self.row_values() * u.unsqueeze(-1))
+
+    def rmatmat(self, u: torch.Tensor) -> torch.Tensor:
+        """u (g, n, K) -> Phi' u (g, K, R Q): the K products of `rmatvec` as one sparse product with K Q
+        columns (each column's sums in the same order as `rmatvec`'s)."""
+        g, n = self.shape[:2]
+        k = u.shape[-1]
+        source = (u.unsqueeze(-1) * self.row_values().unsqueeze(-2)).reshape(g, n, k * self.q)
+        out = self._scatter_rows(source).view(g, self.n_rows_grid, k, self.q)
+        return out.permute(0, 2, 1, 3).reshape(g, k, self.width)
 
     def squared_column_sums(self) -> torch.Tensor:
         """diag(Phi' Phi) (g, R Q)."""

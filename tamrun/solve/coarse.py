@@ -102,6 +102,9 @@ def coarse_space(chunk: DesignChunk) -> CoarseSpace:
     return CoarseSpace(torch.cat(assignment), torch.cat(source), torch.cat(sizes), sources)
 
 
+SOURCE_COLUMNS = 16  # columns of one sparse product of the sources: 16 // Q sources at a time (at least one)
+
+
 def source_vectors(chunk: DesignChunk) -> List[torch.Tensor]:
     """U_s (g, n) for s < S: the chunk's dense columns, then each indexed block's row values' columns."""
     out = [chunk.dense[..., j] for j in range(chunk.dense.shape[-1])]
@@ -112,9 +115,23 @@ def source_vectors(chunk: DesignChunk) -> List[torch.Tensor]:
 
 
 def accumulate_sources(total: Optional[torch.Tensor], chunk: DesignChunk) -> torch.Tensor:
-    """total (g, S, D) + Phi' U_s of one row chunk, for every source s."""
-    part = torch.stack([chunk.rmatvec(u) for u in source_vectors(chunk)], dim=1)
-    return part if total is None else total.add_(part)
+    """total (g, S, D) + Phi' U_s of one row chunk, for every source s: the dense columns' sums per source,
+    each indexed block's products a few sources at a time (`IndexedBlock.rmatmat`, `SOURCE_COLUMNS`:
+    a forest's 12 sources in one product; a crossing's Q = 12 columns one source at a time, as many columns
+    take longer than the products one by one)."""
+    sources = source_vectors(chunk)
+    dense = chunk.dense
+    if total is None:
+        total = dense.new_zeros(dense.shape[0], len(sources), chunk.width)
+    dd = dense.shape[-1]
+    for s, u in enumerate(sources):
+        total[:, s, :dd] += (dense * u.unsqueeze(-1)).sum(dim=1)
+    for start, block in chunk.indexed:
+        step = max(1, SOURCE_COLUMNS // block.q)
+        for first in range(0, len(sources), step):
+            batch = torch.stack(sources[first:first + step], dim=-1)  # (g, n, K)
+            total[:, first:first + batch.shape[-1], start:start + block.width] += block.rmatmat(batch)
+    return total
 
 
 def coarse_penalty(space: CoarseSpace, chunk: DesignChunk, penalty: BlockPenalty) -> torch.Tensor:
