@@ -55,6 +55,9 @@ def check_block_products(block, dense: np.ndarray, rng: np.random.Generator) -> 
     np.testing.assert_allclose(block.cross_dense(torch.as_tensor(other)).numpy(),
                                np.einsum("gnd,gnk->gdk", dense, other), atol=TOL)
     np.testing.assert_allclose(block.cross_indexed(block).numpy(), np.einsum("gnd,gne->gde", dense, dense), atol=TOL)
+    several = rng.normal(size=(g, n, 3))  # three products in one
+    np.testing.assert_allclose(block.rmatmat(torch.as_tensor(several)).numpy(),
+                               np.einsum("gnd,gnk->gkd", dense, several), atol=TOL)
 
 
 def test_forest_block_equals_the_one_hot_by_hand():

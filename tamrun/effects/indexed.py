@@ -176,7 +176,7 @@ class IndexedBlock:
 
     def rmatmat(self, u: torch.Tensor) -> torch.Tensor:
         """u (g, n, K) -> Phi' u (g, K, R Q): the K products of `rmatvec` as one sparse product with K Q
-        columns (each column's sums in the same order as `rmatvec`'s)."""
+        columns (each output row of O' still sums its terms in a fixed order: batch invariance holds)."""
         g, n = self.shape[:2]
         k = u.shape[-1]
         source = (u.unsqueeze(-1) * self.row_values().unsqueeze(-2)).reshape(g, n, k * self.q)
