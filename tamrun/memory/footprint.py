@@ -41,7 +41,7 @@ import torch
 
 from tamrun.config.schema import SolverConfig
 from tamrun.effects.indexed import SORT_SLOTS
-from tamrun.solve.coarse import two_level_dims
+from tamrun.solve.coarse import aligned_width, two_level_dims
 from tamrun.solve.dual import count_dtype
 
 if TYPE_CHECKING:  # typing only: the design is read through its declared widths
@@ -198,7 +198,7 @@ def problem_size(n_groups: int, n_rows: int, design: "AdditiveDesign", itemsize:
     return ProblemSize(n_groups=n_groups, n_rows=n_rows, width=design.width, itemsize=itemsize,
                        row=design_row_bytes(design, itemsize), n_predict_rows=n_predict_rows,
                        preconditioner_elements=blocks, kernel_row=kernel_row_bytes(design, itemsize),
-                       coarse_elements=coarse_elements(design, solver),
+                       coarse_elements=coarse_elements(design, solver, itemsize),
                        kernel_build=kernel_build)
 
 
@@ -337,14 +337,16 @@ def direct_row_bytes(p: ProblemSize) -> int:
     return max(p.row.build, p.row.store + max(p.row.gram, p.row.apply))
 
 
-def coarse_elements(design: "AdditiveDesign", solver: SolverConfig) -> int:
-    """Elements per group of the two-level correction (`tamrun.solve.coarse`): H and a product's
-    temporary, 2 S D, and E, its factor, its inverse and a product's temporary, 4 k^2; 0 without it."""
+def coarse_elements(design: "AdditiveDesign", solver: SolverConfig, itemsize: int) -> int:
+    """Elements per group of the two-level correction (`tamrun.solve.coarse`): H padded and the
+    assembly's H while it is copied, S' D' + S D, and E, its factor, its inverse and the inverse padded,
+    3 k^2 + k'^2 (S', D', k' rounded up to 64 bytes of ``itemsize``, `aligned_width`); 0 without it."""
     if solver.preconditioner.value != "two_level" or not design.indexed_effects:
         return 0
     sources, size = two_level_dims(design.dense_width, [(e.width // e.grid_q, e.grid_q, e.slots)
                                                         for e in design.indexed_effects])
-    return 2 * sources * design.width + 4 * size * size
+    padded = [aligned_width(d, itemsize) for d in (sources, design.width, size)]
+    return sources * design.width + padded[0] * padded[1] + 3 * size * size + padded[2] * padded[2]
 
 
 def cg_system_bytes(p: ProblemSize) -> int:

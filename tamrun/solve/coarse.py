@@ -29,22 +29,23 @@ the same steps in exact arithmetic but is not symmetric: at tol 1e-13 it stagnat
 converges, tests/test_adaptive.py; forest_fourier: 260 iterations at 20 ms an application, against
 271 at 11 ms with A-DEF2.) It needs no product with Phi: per application two (S, D) and two
 (k, k) matrix-vector products per group, two products with P and three segment sums. Memory per group:
-H, kept per group, and its copy while it is split (2 S D), and E, its factor, its inverse and a
-temporary (4 k^2): `tamrun.memory.footprint.coarse_elements`. On the CPU the products run one group at
-a time on fresh operands, so a group's result does not depend on its chunk; on a GPU they are one
-batched product over the chunk's groups (`per_group_products`: one group at a time cost 48 launches
-per product, four products per iteration, and made forest x Fourier's iterations launch-bound).
+H, kept padded (`GroupMatrices`), and the assembly's copy while it is padded (2 S' D'), and E, its factor,
+its inverse (padded) and a temporary (4 k'^2; S', D', k' rounded up to 64 bytes):
+`tamrun.memory.footprint.coarse_elements`. Each product is one batched product over the chunk's groups,
+on every device (`GroupMatrices`: a group's result does not depend on its chunk; on a GPU one group at a
+time cost 48 launches per product, four products per iteration, and made forest x Fourier's iterations
+launch-bound).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from tamrun.effects.chunk import BlockPenalty, DesignChunk, one_group_at_a_time
+from tamrun.effects.chunk import BlockPenalty, DesignChunk
 from tamrun.effects.indexed import IndexedBlock
 from tamrun.machine.sampling import repeating, steady
 from tamrun.solve.preconditioners import Preconditioner, per_group_inverse
@@ -152,38 +153,55 @@ def coarse_penalty(space: CoarseSpace, chunk: DesignChunk, penalty: BlockPenalty
     return out
 
 
-ALIGN_BYTES = 64  # torch's CPU allocator aligns every storage to 64 bytes
+ALIGN_BYTES = 64  # torch's CPU allocator aligns every storage to 64 bytes; MKL rounds by its operands' alignment
 
 
-# One matrix per group: a list of (m, p) matrices on the CPU (`per_group_products`), a (g, m, p) tensor elsewhere.
-GroupMatrices = Union[List[torch.Tensor], torch.Tensor]
+def aligned_width(width: int, itemsize: int) -> int:
+    """``width`` rounded up to whole `ALIGN_BYTES` of elements of ``itemsize`` bytes."""
+    step = max(1, ALIGN_BYTES // itemsize)
+    return -(-width // step) * step
 
 
-def group_matrices(stacked: torch.Tensor) -> GroupMatrices:
-    """``stacked`` (g, m, p) as `per_group_products` takes it on its device: on the CPU one fresh (aligned)
-    tensor per group, elsewhere the stacked tensor itself."""
-    return [m.clone() for m in stacked] if one_group_at_a_time(stacked) else stacked
+class GroupMatrices:
+    """One (m, p) matrix per group, for products with one vector per group: stored as (g, m', p'), m' and p'
+    rounded up to whole 64 bytes (`aligned_width`) with zeros beyond, so that every group's matrix, each
+    of its rows, each padded vector and each result row starts 64-byte aligned whatever the group's place
+    in the chunk. Each product is one batched product over the chunk's groups, ``v' M'`` or ``u' M`` as
+    (g, 1, p') x (g, p', m'): MKL runs it as one small product per group, in parallel over the groups, with
+    the same kernel and alignment for every group, so a group's result does not depend on its chunk
+    (tests/test_two_level.py). (One matrix-vector product per group, the form before, ran on one core:
+    forest x Fourier's four products per iteration took 13.6 ms, 5.9 ms batched on 2 cores,
+    docs/benchmarks.md.)"""
 
+    def __init__(self, stacked: torch.Tensor) -> None:
+        """``stacked`` (g, m, p), copied into the padded layout."""
+        g, m, p = stacked.shape
+        self.rows, self.columns = m, p
+        self.padded = stacked.new_zeros(g, aligned_width(m, stacked.element_size()),
+                                        aligned_width(p, stacked.element_size()))
+        self.padded[:, :m, :p] = stacked
 
-def per_group_products(matrices: GroupMatrices, vectors: torch.Tensor) -> torch.Tensor:
-    """(g, m) rows matrices[i] @ vectors[i] for matrices (m, p) and vectors (g, p). Given a (g, m, p)
-    tensor (off the CPU), one batched product. Given a list (the CPU), one matrix-vector product per
-    group (a batched product takes another path for a chunk of one group), each vector copied to a row
-    of a padded buffer whose rows all start 64-byte aligned, so that a group's rounding does not depend
-    on its place in the chunk (MKL's kernels round by their operands' alignment); each product into a
-    fresh tensor, copied into its row of the result."""
-    if isinstance(matrices, torch.Tensor):
-        return torch.matmul(matrices, vectors.unsqueeze(-1)).squeeze(-1)
-    g, p = vectors.shape
-    step = ALIGN_BYTES // vectors.element_size()
-    padded = vectors.new_empty(g, -(-p // step) * step)
-    padded[:, :p] = vectors
-    out = vectors.new_empty(g, matrices[0].shape[0])
-    with repeating(("per-group products", matrices[0].shape, vectors.shape, vectors.dtype)):
-        for i, matrix in enumerate(matrices):
-            out[i] = matrix @ padded[i, :p]
-            steady()  # the other groups allocate as the first did (`tamrun.machine.sampling`)
-    return out
+    @property
+    def matrices(self) -> torch.Tensor:
+        """(g, m, p): a view of the matrices without their padding."""
+        return self.padded[:, :self.rows, :self.columns]
+
+    def _as_rows(self, vectors: torch.Tensor, width: int) -> torch.Tensor:
+        """(g, k) -> (g, 1, width), zeros beyond k: a fresh tensor, every row 64-byte aligned."""
+        out = vectors.new_empty(vectors.shape[0], 1, width)
+        out[:, 0, :vectors.shape[-1]] = vectors
+        out[:, 0, vectors.shape[-1]:] = 0
+        return out
+
+    def times(self, vectors: torch.Tensor) -> torch.Tensor:
+        """M_i v_i: (g, p) -> (g, m)."""
+        rows = self._as_rows(vectors, self.padded.shape[-1])
+        return torch.bmm(rows, self.padded.mT)[:, 0, :self.rows]
+
+    def transposed_times(self, vectors: torch.Tensor) -> torch.Tensor:
+        """M_i' u_i: (g, m) -> (g, p)."""
+        rows = self._as_rows(vectors, self.padded.shape[-2])
+        return torch.bmm(rows, self.padded)[:, 0, :self.columns]
 
 
 class CoarseCorrection:
@@ -197,22 +215,21 @@ class CoarseCorrection:
     def __init__(self, space: CoarseSpace, a_phi: GroupMatrices, penalty: BlockPenalty, jitter: float,
                  inverse: GroupMatrices) -> None:
         self.space, self.a_phi, self.penalty, self.jitter, self.inverse = space, a_phi, penalty, jitter, inverse
-        self.a_phi_t = a_phi.mT if isinstance(a_phi, torch.Tensor) else [h.T for h in a_phi]
 
     def a_z(self, c: torch.Tensor) -> torch.Tensor:
         """A Z c (g, D) for c (g, k), without a product with Phi."""
         zc = self.space.prolong(c)
         out = self.penalty.matvec(zc).add_(zc, alpha=self.jitter)
-        return out.add_(per_group_products(self.a_phi_t, self.space.by_source(c)))
+        return out.add_(self.a_phi.transposed_times(self.space.by_source(c)))
 
     def a_z_transposed(self, y: torch.Tensor) -> torch.Tensor:
         """(A Z)' y = Z' A y (g, k) for y (g, D)."""
-        h = per_group_products(self.a_phi, y)  # (g, S): U_s' Phi y / n
+        h = self.a_phi.times(y)  # (g, S): U_s' Phi y / n
         return h[:, self.space.source] + self.space.restrict(self.penalty.matvec(y).add_(y, alpha=self.jitter))
 
     def solve_coarse(self, c: torch.Tensor) -> torch.Tensor:
         """E^-1 c (g, k)."""
-        return per_group_products(self.inverse, c)
+        return self.inverse.times(c)
 
     def start(self, rhs: torch.Tensor, x0: Optional[torch.Tensor],
               matvec: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -243,7 +260,7 @@ def coarse_correction(chunk: DesignChunk, a_phi: torch.Tensor, penalty: BlockPen
     if bool((info > 0).any()):
         log.warning("the coarse system Z'AZ is not positive definite: block-Jacobi without the coarse correction")
         return None
-    return CoarseCorrection(space, group_matrices(a_phi), penalty, jitter, group_matrices(per_group_inverse(factor)))
+    return CoarseCorrection(space, GroupMatrices(a_phi), penalty, jitter, GroupMatrices(per_group_inverse(factor)))
 
 
 def two_level_dims(dense_width: int, indexed: List[Tuple[int, int, int]]) -> Tuple[int, int]:
