@@ -73,7 +73,8 @@ def test_the_coarse_pieces_equal_the_dense_products(forest_crossing):
     chunk = system.cached[0]
     space = coarse_space(chunk)
     n = system_scale(batch, slice(0, len(batch.groups)), torch.device("cpu")).view(-1, 1, 1)
-    sources = accumulate_sources(None, chunk) / n
+    sources = accumulate_sources(None, chunk)
+    sources.matrices.div_(n)
     correction = coarse_correction(chunk, sources, penalty, JITTER)
     assert correction is not None
     z = space.prolong(torch.eye(space.size, dtype=torch.float64)).T.numpy()  # (D, k)
@@ -103,7 +104,7 @@ def test_group_matrices_products_match_float64_and_not_the_groups_chunk(rows, co
     stacked = torch.as_tensor(rng.normal(size=(groups, rows, columns)))
     v = torch.as_tensor(rng.normal(size=(groups, columns)))
     u = torch.as_tensor(rng.normal(size=(groups, rows)))
-    whole = GroupMatrices(stacked)
+    whole = GroupMatrices.of(stacked)
     assert torch.equal(whole.matrices, stacked)
     assert whole.padded.shape[-1] % 8 == 0 and whole.padded.shape[-2] % 8 == 0
     times, transposed = whole.times(v), whole.transposed_times(u)
@@ -111,11 +112,11 @@ def test_group_matrices_products_match_float64_and_not_the_groups_chunk(rows, co
     np.testing.assert_allclose(times.numpy(), expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
     expected = np.einsum("gmp,gm->gp", stacked.numpy(), u.numpy())
     np.testing.assert_allclose(transposed.numpy(), expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
-    shifted = GroupMatrices(stacked[1:].clone())
+    shifted = GroupMatrices.of(stacked[1:])
     assert torch.equal(shifted.times(v[1:]), times[1:])
     assert torch.equal(shifted.transposed_times(u[1:]), transposed[1:])
     for g in range(groups):
-        alone = GroupMatrices(stacked[g:g + 1].clone())
+        alone = GroupMatrices.of(stacked[g:g + 1])
         assert torch.equal(alone.times(v[g:g + 1])[0], times[g]), g
         assert torch.equal(alone.transposed_times(u[g:g + 1])[0], transposed[g]), g
 

@@ -338,15 +338,15 @@ def direct_row_bytes(p: ProblemSize) -> int:
 
 
 def coarse_elements(design: "AdditiveDesign", solver: SolverConfig, itemsize: int) -> int:
-    """Elements per group of the two-level correction (`tamrun.solve.coarse`): H padded and the
-    assembly's H while it is copied, S' D' + S D, and E, its factor, its inverse and the inverse padded,
-    3 k^2 + k'^2 (S', D', k' rounded up to 64 bytes of ``itemsize``, `aligned_width`); 0 without it."""
+    """Elements per group of the two-level correction (`tamrun.solve.coarse`): H in its padded layout,
+    S' D', and E, its factor, its inverse and the inverse padded, 3 k^2 + k'^2 (S', D', k' rounded up to
+    64 bytes of ``itemsize``, `aligned_width`); 0 without it."""
     if solver.preconditioner.value != "two_level" or not design.indexed_effects:
         return 0
     sources, size = two_level_dims(design.dense_width, [(e.width // e.grid_q, e.grid_q, e.slots)
                                                         for e in design.indexed_effects])
     padded = [aligned_width(d, itemsize) for d in (sources, design.width, size)]
-    return sources * design.width + padded[0] * padded[1] + 3 * size * size + padded[2] * padded[2]
+    return padded[0] * padded[1] + 3 * size * size + padded[2] * padded[2]
 
 
 def cg_system_bytes(p: ProblemSize) -> int:

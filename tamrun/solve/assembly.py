@@ -23,7 +23,7 @@ from tamrun.data.batch import GroupedBatch
 from tamrun.effects.chunk import BlockPenalty, DesignChunk, add_gram_
 from tamrun.effects.design import AdditiveDesign
 from tamrun.machine.sampling import repeating
-from tamrun.solve.coarse import CoarseCorrection, accumulate_sources, coarse_correction
+from tamrun.solve.coarse import CoarseCorrection, GroupMatrices, accumulate_sources, coarse_correction
 from tamrun.solve.direct import cholesky_solve
 from tamrun.solve.preconditioners import Preconditioner, grid_block_inverses, preconditioner
 from tamrun.solve.stats import SolveStats
@@ -146,7 +146,7 @@ class CgSystem:
         blocked = solver.preconditioner.value in ("block_jacobi", "two_level")
         two_level = solver.preconditioner.value == "two_level" and bool(self.design.indexed_effects)
         grid_grams: Optional[List[torch.Tensor]] = None
-        sources: Optional[torch.Tensor] = None  # two_level: Phi' U_s (g, S, D) (solve/coarse.py)
+        sources: Optional[GroupMatrices] = None  # two_level: Phi' U_s (g, S, D) (solve/coarse.py)
         loop = object()  # names this pass's row chunks: after the first (which makes the totals) they
         for index, (rows, chunk) in enumerate(zip(self.spans, self.chunks())):  # allocate alike
             with repeating(("assembly", loop, index == 0), rows.stop - rows.start):
@@ -168,7 +168,8 @@ class CgSystem:
         del grid_grams
         one_level = preconditioner(solver.preconditioner.value, diag, dense_block, grid_blocks, solver.block_max_dim)
         if sources is not None:
-            self.coarse = coarse_correction(chunk, sources.div_(n.unsqueeze(-1)), self.penalty, solver.jitter)
+            sources.matrices.div_(n.unsqueeze(-1))
+            self.coarse = coarse_correction(chunk, sources, self.penalty, solver.jitter)
         return rhs, one_level if self.coarse is None else self.coarse.around(one_level)
 
     def start(self, x0: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

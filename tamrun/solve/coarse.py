@@ -29,8 +29,8 @@ the same steps in exact arithmetic but is not symmetric: at tol 1e-13 it stagnat
 converges, tests/test_adaptive.py; forest_fourier: 260 iterations at 20 ms an application, against
 271 at 11 ms with A-DEF2.) It needs no product with Phi: per application two (S, D) and two
 (k, k) matrix-vector products per group, two products with P and three segment sums. Memory per group:
-H, kept padded (`GroupMatrices`), and the assembly's copy while it is padded (2 S' D'), and E, its factor,
-its inverse (padded) and a temporary (4 k'^2; S', D', k' rounded up to 64 bytes):
+H, summed in place in its padded layout (`GroupMatrices`, S' D'), and E, its factor, its inverse and the
+inverse padded (3 k^2 + k'^2; S', D', k' rounded up to 64 bytes):
 `tamrun.memory.footprint.coarse_elements`. Each product is one batched product over the chunk's groups,
 on every device (`GroupMatrices`: a group's result does not depend on its chunk; on a GPU one group at a
 time cost 48 launches per product, four products per iteration, and made forest x Fourier's iterations
@@ -115,23 +115,25 @@ def source_vectors(chunk: DesignChunk) -> List[torch.Tensor]:
     return out
 
 
-def accumulate_sources(total: Optional[torch.Tensor], chunk: DesignChunk) -> torch.Tensor:
-    """total (g, S, D) + Phi' U_s of one row chunk, for every source s: the dense columns' sums per source,
-    each indexed block's products a few sources at a time (`IndexedBlock.rmatmat`, `SOURCE_COLUMNS`:
-    a forest's 12 sources in one product; a crossing's Q = 12 columns one source at a time, as many columns
-    take longer than the products one by one)."""
+def accumulate_sources(total: Optional[GroupMatrices], chunk: DesignChunk) -> GroupMatrices:
+    """total (g, S, D) + Phi' U_s of one row chunk, for every source s, in place (zeros to start with when
+    ``total`` is None; kept in the padded layout the correction's products read, `GroupMatrices`): the
+    dense columns' sums per source, each indexed block's products a few sources at a time
+    (`IndexedBlock.rmatmat`, `SOURCE_COLUMNS`: a forest's 12 sources in one product; a crossing's Q = 12
+    columns one source at a time, as many columns take longer than the products one by one)."""
     sources = source_vectors(chunk)
     dense = chunk.dense
     if total is None:
-        total = dense.new_zeros(dense.shape[0], len(sources), chunk.width)
+        total = GroupMatrices.zeros(dense.shape[0], len(sources), chunk.width, like=dense)
+    matrices = total.matrices
     dd = dense.shape[-1]
     for s, u in enumerate(sources):
-        total[:, s, :dd] += (dense * u.unsqueeze(-1)).sum(dim=1)
+        matrices[:, s, :dd] += (dense * u.unsqueeze(-1)).sum(dim=1)
     for start, block in chunk.indexed:
         step = max(1, SOURCE_COLUMNS // block.q)
         for first in range(0, len(sources), step):
             batch = torch.stack(sources[first:first + step], dim=-1)  # (g, n, K)
-            total[:, first:first + batch.shape[-1], start:start + block.width] += block.rmatmat(batch)
+            matrices[:, first:first + batch.shape[-1], start:start + block.width] += block.rmatmat(batch)
     return total
 
 
@@ -173,13 +175,22 @@ class GroupMatrices:
     forest x Fourier's four products per iteration took 13.6 ms, 5.9 ms batched on 2 cores,
     docs/benchmarks.md.)"""
 
-    def __init__(self, stacked: torch.Tensor) -> None:
+    def __init__(self, padded: torch.Tensor, rows: int, columns: int) -> None:
+        """``padded`` (g, m', p'), zeros beyond (m, p) = (``rows``, ``columns``): use `zeros` or `of`."""
+        self.padded, self.rows, self.columns = padded, rows, columns
+
+    @classmethod
+    def zeros(cls, groups: int, rows: int, columns: int, like: torch.Tensor) -> "GroupMatrices":
+        """(g, m, p) zero matrices of ``like``'s dtype and device, to be filled through `matrices`."""
+        size = like.element_size()
+        return cls(like.new_zeros(groups, aligned_width(rows, size), aligned_width(columns, size)), rows, columns)
+
+    @classmethod
+    def of(cls, stacked: torch.Tensor) -> "GroupMatrices":
         """``stacked`` (g, m, p), copied into the padded layout."""
-        g, m, p = stacked.shape
-        self.rows, self.columns = m, p
-        self.padded = stacked.new_zeros(g, aligned_width(m, stacked.element_size()),
-                                        aligned_width(p, stacked.element_size()))
-        self.padded[:, :m, :p] = stacked
+        out = cls.zeros(*stacked.shape, like=stacked)
+        out.matrices.copy_(stacked)
+        return out
 
     @property
     def matrices(self) -> torch.Tensor:
@@ -247,12 +258,14 @@ class CoarseCorrection:
         return apply
 
 
-def coarse_correction(chunk: DesignChunk, a_phi: torch.Tensor, penalty: BlockPenalty,
+def coarse_correction(chunk: DesignChunk, a_phi: GroupMatrices, penalty: BlockPenalty,
                       jitter: float) -> Optional[CoarseCorrection]:
-    """The correction of a chunk of groups from H = a_phi (g, S, D) (already divided by n): E = Z' A Z
-    factored per group; None (with a warning) where some group's E is not positive definite."""
+    """The correction of a chunk of groups from H = a_phi (g, S, D) (already divided by n; kept, not
+    copied): E = Z' A Z factored per group; None (with a warning) where some group's E is not positive
+    definite."""
     space = coarse_space(chunk)
-    segment = a_phi.new_zeros(a_phi.shape[0], a_phi.shape[1], space.size).index_add_(2, space.assignment, a_phi)
+    h = a_phi.matrices
+    segment = h.new_zeros(h.shape[0], h.shape[1], space.size).index_add_(2, space.assignment, h)
     coarse = segment[:, space.source, :].mT + coarse_penalty(space, chunk, penalty)  # Z' H_s(j), + Z' P Z
     coarse.diagonal(dim1=-2, dim2=-1).add_(jitter * space.sizes.to(coarse.dtype))
     coarse = (coarse + coarse.mT) / 2
@@ -260,7 +273,7 @@ def coarse_correction(chunk: DesignChunk, a_phi: torch.Tensor, penalty: BlockPen
     if bool((info > 0).any()):
         log.warning("the coarse system Z'AZ is not positive definite: block-Jacobi without the coarse correction")
         return None
-    return CoarseCorrection(space, GroupMatrices(a_phi), penalty, jitter, GroupMatrices(per_group_inverse(factor)))
+    return CoarseCorrection(space, a_phi, penalty, jitter, GroupMatrices.of(per_group_inverse(factor)))
 
 
 def two_level_dims(dense_width: int, indexed: List[Tuple[int, int, int]]) -> Tuple[int, int]:
