@@ -84,6 +84,7 @@ def test_the_coarse_pieces_equal_the_dense_products(forest_crossing):
     rng = np.random.default_rng(0)
     c = torch.as_tensor(rng.normal(size=(len(batch.groups), space.size)))
     y = torch.as_tensor(rng.normal(size=(len(batch.groups), design.width)))
+    assert torch.equal(space.prolong(c), c[:, space.assignment])  # the broadcast copy is the gather
     for g, (a, _) in enumerate(dense_system(batch, design)):
         az = a @ z
         np.testing.assert_allclose(correction.a_z(c)[g].numpy(), az @ c[g].numpy(), rtol=1e-10, atol=1e-12)

@@ -13,7 +13,7 @@ reduced per row, and Gram blocks one 2-D product per group into a fresh tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -60,19 +60,27 @@ class DesignChunk:
             block.prepare(self.dense.dtype)
         return self
 
-    def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """Phi v: (g, D) -> (g, n)."""
+    def matvec(self, v: torch.Tensor, blocks: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
+        """Phi v: (g, D) -> (g, n); ``blocks``: each indexed block's columns of v as a contiguous (g, R Q)
+        tensor, when a product over several row chunks has copied them once (a block's product reads
+        them as a grid, a copy of a slice of v)."""
         dd = self.dense.shape[-1]
         out = (self.dense * v[:, None, :dd]).sum(dim=-1)
-        for start, block in self.indexed:
-            out += block.matvec(v[:, start:start + block.width])
+        if blocks is None:
+            blocks = [v[:, start:start + block.width] for start, block in self.indexed]
+        for (_, block), columns in zip(self.indexed, blocks, strict=True):
+            out += block.matvec(columns)
         return out
 
-    def rmatvec(self, u: torch.Tensor) -> torch.Tensor:
-        """Phi' u: (g, n) -> (g, D)."""
-        parts = [(self.dense * u.unsqueeze(-1)).sum(dim=1)]
-        parts += [block.rmatvec(u) for _, block in self.indexed]
-        return torch.cat(parts, dim=-1)
+    def rmatvec(self, u: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Phi' u: (g, n) -> (g, D); given ``out`` (g, D), out += Phi' u part by part (no concatenated copy)."""
+        dense = (self.dense * u.unsqueeze(-1)).sum(dim=1)
+        if out is None:
+            return torch.cat([dense] + [block.rmatvec(u) for _, block in self.indexed], dim=-1)
+        out[:, :dense.shape[-1]] += dense
+        for start, block in self.indexed:
+            out[:, start:start + block.width] += block.rmatvec(u)
+        return out
 
     def squared_column_sums(self) -> torch.Tensor:
         """diag(Phi' Phi): (g, D)."""

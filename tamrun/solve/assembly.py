@@ -130,9 +130,10 @@ class CgSystem:
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """A v for v (g, D)."""
         acc = torch.zeros_like(v)
+        blocks = [v[:, start:start + width].contiguous() for start, width in indexed_spans(self.design)]  # once
         for rows, chunk in zip(self.spans, self.chunks()):
             with repeating(("product", v.shape, rows.stop - rows.start, v.dtype)):  # the chunks of a size alike
-                acc += chunk.rmatvec(chunk.matvec(v))
+                chunk.rmatvec(chunk.matvec(v, blocks), out=acc)
         return acc / self.n + self.penalty.matvec(v) + self.solver.jitter * v
 
     def _assemble(self) -> Tuple[torch.Tensor, Optional[Preconditioner]]:
