@@ -188,7 +188,7 @@ class GroupMatrices:
     (g, 1, p') x (g, p', m'): MKL runs it as one small product per group, in parallel over the groups, with
     the same kernel and alignment for every group, so a group's result does not depend on its chunk
     (tests/test_two_level.py). (One matrix-vector product per group, the form before, ran on one core:
-    forest x Fourier's four products per iteration took 13.6 ms, 5.9 ms batched on 2 cores,
+    forest x Fourier's four products per iteration took 13.6 ms, about 6.3 ms batched on 2 cores,
     docs/benchmarks.md.)"""
 
     def __init__(self, padded: torch.Tensor, rows: int, columns: int) -> None:
