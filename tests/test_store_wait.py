@@ -99,13 +99,16 @@ def test_a_call_waiting_on_a_lock_says_so_after_2_s_and_every_10_s(tmp_path, tem
 
 
 def test_a_run_waiting_on_a_locked_store_says_so_then_finishes(tmp_path, template, monkeypatch, capsys):
+    """The store held 24 s from before the run starts: the run says so at about 2 and 12 s of waiting, then
+    finishes. (Held 14 s, the second notice raced the release whenever the run took over 2 s to reach the
+    store: seen in a loaded suite.)"""
     db = tmp_path / "mlflow.db"
     shutil.copyfile(template, db)
     monkeypatch.chdir(tmp_path)
     from conftest import synthetic_frame
 
     synthetic_frame().to_csv(tmp_path / "data.csv", index=False)
-    with held(db, seconds=14) as holder:
+    with held(db, seconds=24) as holder:
         main([*csv_overrides(tmp_path / "data.csv"), *QUICK, f"tracking.uri=sqlite:///{db}"])
     output = "".join(capsys.readouterr())
     said = notices(output)
