@@ -251,6 +251,31 @@ def test_the_machine_header_names_the_vector_extensions(tmp_path):
     assert all(name in described.split() for name in vector_extensions())
 
 
+def test_the_machine_header_names_threads_per_core_and_caches(tmp_path):
+    """Two logical cores may be one core's two hyperthreads: the header says so, with the caches from level 2
+    up (unified or data) and how many CPUs share each, read from a sysfs tree; this host's own line is read
+    back from its sysfs independently."""
+    from tamrun.bench.machine import cpu_list_size, machine_info, topology_description
+
+    assert [cpu_list_size(text) for text in ("0", "0-1", "0-3,6", "0,2,4-5\n", "")] == [1, 2, 5, 4, 0]
+    cpu0 = tmp_path / "cpu0"
+    (cpu0 / "topology").mkdir(parents=True)
+    (cpu0 / "topology" / "thread_siblings_list").write_text("0,1\n")
+    for index, (level, kind, size, shared) in enumerate([("1", "Data", "48K", "0-1"), ("1", "Instruction", "32K", "0-1"),
+                                                         ("2", "Unified", "2048K", "0-1"),
+                                                         ("3", "Unified", "107520K", "0-1")]):
+        folder = cpu0 / "cache" / f"index{index}"
+        folder.mkdir(parents=True)
+        for name, text in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (folder / name).write_text(text + "\n")
+    assert topology_description(str(tmp_path)) == "2 threads per core; L2 2048K per 2 CPUs, L3 107520K per 2 CPUs"
+    assert topology_description(str(tmp_path / "missing")) == "unknown"
+    here = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")
+    if here.exists():  # Linux: the first part is this host's own sibling count
+        threads = cpu_list_size(here.read_text())
+        assert machine_info()["cores and caches"].startswith(f"{threads} thread")
+
+
 def test_torch_capability_comes_from_a_fresh_python_when_torch_is_not_loaded():
     """A benchmark's own process stays lean: without torch loaded, the capability comes from a child python."""
     import subprocess

@@ -71,6 +71,24 @@ def test_forest_block_equals_the_one_hot_by_hand():
     np.testing.assert_allclose(forest.penalty().numpy(), 1e-3 * np.eye(forest.width), rtol=1e-15)
 
 
+def test_leaf_index_equals_the_loop_by_hand_for_one_byte_and_wider_leaves():
+    """Depth 8 keeps the leaves in one byte (up to 255), depth 9 in the index's own dtype: both give
+    t L + sum_l 2^l [z_{f_tl} > c_tl], checked row by row; a non-contiguous input gives the same."""
+    for depth in (8, 9):
+        forest, z = fitted_forest(trees=3, depth=depth)
+        index = forest.leaf_index(z)
+        assert index.dtype == torch.int32 and index.shape == (*z.shape[:-1], 3)
+        features, thresholds = forest.features.numpy(), forest.thresholds.numpy()
+        by_hand = np.array([[[t * forest.leaves + sum(2 ** level for level in range(depth)
+                                                    if z[g, row, features[t, level]] > thresholds[t, level])
+                              for t in range(3)] for row in range(z.shape[1])] for g in range(z.shape[0])])
+        np.testing.assert_array_equal(index.numpy(), by_hand)
+        assert index.numpy().max() >= 2 ** (depth - 1)  # the top level's bit is reached
+        strided = z.transpose(0, 1).contiguous().transpose(0, 1)  # z's values, rows and groups swapped in memory
+        assert not strided.is_contiguous()
+        torch.testing.assert_close(forest.leaf_index(strided), index, rtol=0, atol=0)
+
+
 def test_forest_x_fourier_crossing_equals_the_row_wise_kronecker_by_hand():
     spec = CrossingSpec(left=ForestSpec(column="a", others=["b"], n_trees=5, max_depth=2, ap=0.0),
                         right=FourierSpec(column="b", m=2, s=2.0, ap=-1.0), ap=-2.0)

@@ -55,9 +55,10 @@ class ForestEffect(IndexedEffect):
 
     @property
     def work_width(self) -> int:
-        # the picked features (T, in the chunk's dtype, counted as 8 bytes) and the comparisons (T bytes),
-        # besides the leaves themselves (`slots`): in 8-byte columns
-        return self.n_trees + (self.n_trees + 7) // 8
+        # the picked features (T, in the chunk's dtype, counted as 8 bytes), the comparisons and the
+        # one-byte leaves (2T bytes), the columns' (C, n) copy, besides the leaves themselves (`slots`):
+        # in 8-byte columns
+        return self.n_trees + (2 * self.n_trees + 7) // 8 + len(self.columns)
 
     def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
         """Thresholds from each chosen feature's scaled training values (see the module docstring)."""
@@ -77,23 +78,31 @@ class ForestEffect(IndexedEffect):
     def leaf_index(self, scaled: torch.Tensor) -> torch.Tensor:
         """scaled (..., n, C) -> (..., n, T) column index t L + leaf (int32, int64 if T L >= 2^31).
 
-        One level at a time: each tree's split feature is picked by a product with a 0/1 selection
-        matrix (C, T) (exact: z * 1 + z' * 0 = z), compared with the level's thresholds, and 2^l is
-        added where it is above. Buffers are reused across levels."""
+        Tree-major, one level at a time: each tree's split feature is picked from the columns laid out
+        as (C, n) rows (a row copy per tree), compared with the level's thresholds into (T, n), and 2^l
+        is added to the tree's leaf, kept in one byte per row and tree while d <= 8; the (T, n) leaves
+        are then laid out row-major with t L added. Integer results: the same leaves in any layout.
+        Per row: the picked features T s, the comparisons T and the leaves T bytes (with the columns'
+        copy C s), then the int32 or int64 leaves."""
         lead, n_cols = scaled.shape[:-1], scaled.shape[-1]
         dtype = torch.int32 if self.width < 2**31 else torch.int64
         device = scaled.device
-        select = torch.nn.functional.one_hot(self.features, n_cols).to(device=device, dtype=scaled.dtype)  # (T, d, C)
+        features = self.features.to(device)
         thresholds = self.thresholds.to(device=device, dtype=scaled.dtype)
-        rows = scaled.reshape(-1, n_cols)
-        leaf = (torch.arange(self.n_trees, device=device, dtype=dtype) * self.leaves).expand(rows.shape[0], -1).clone()
+        columns = scaled.reshape(-1, n_cols).T.contiguous()  # (C, n)
+        n_rows = columns.shape[1]
+        leaf = torch.zeros(self.n_trees, n_rows, dtype=torch.uint8 if self.depth <= 8 else dtype, device=device)
         picked = torch.empty(leaf.shape, dtype=scaled.dtype, device=device)
         above = torch.empty(leaf.shape, dtype=torch.bool, device=device)
         for level in range(self.depth):
-            torch.mm(rows, select[:, level].T, out=picked)
-            torch.gt(picked, thresholds[:, level], out=above)
-            leaf.add_(above, alpha=2 ** level)
-        return leaf.view(*lead, self.n_trees)
+            torch.index_select(columns, 0, features[:, level], out=picked)
+            torch.gt(picked, thresholds[:, level, None], out=above)
+            leaf.add_(above.to(leaf.dtype), alpha=2 ** level)
+        del picked, above, columns
+        offsets = torch.arange(self.n_trees, device=device, dtype=dtype) * self.leaves
+        index = torch.empty(n_rows, self.n_trees, dtype=dtype, device=device)
+        torch.add(leaf.T, offsets, out=index)
+        return index.view(*lead, self.n_trees)
 
     def indexed_block(self, raw: torch.Tensor, scaled: torch.Tensor,
                       factor: Optional[torch.Tensor] = None) -> IndexedBlock:

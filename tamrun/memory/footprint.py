@@ -149,7 +149,8 @@ def design_row_bytes(design: "AdditiveDesign", itemsize: int) -> RowBytes:
 
         build  max(dense phase (F + peak_row_width) s,
                    (F + Dd) s + blocks kept so far + 2 C s (its columns, raw and scaled) + Q s (Q > 1)
-                   + max(leaf_index: 4T + T s + T, int32 leaves and flat index: 8T))
+                   + max(leaf_index: T s + T + 4T + C s (picked features, comparisons, the leaves
+                         at most 4 bytes, the columns' (C, n) copy), int32 leaves and flat index: 8T))
         store  Dd s + per block 16T + Q s: the flat index (O's indices, 4T), O' (indices 4T, ones
                shared with O 8T), the row values
         apply  2 s + max(Dd s, per block max(4 Q s, 48 min(T, SORT_SLOTS) + 2 Q s): the products, or
@@ -163,7 +164,7 @@ def design_row_bytes(design: "AdditiveDesign", itemsize: int) -> RowBytes:
     for effect in design.indexed_effects:
         t, q, cols = effect.slots, effect.grid_q, len(effect.columns)
         factor = q * s if q > 1 else 0
-        leaves = 4 * t + t * s + t
+        leaves = t * s + t + 4 * t + cols * s
         build = max(build, held + 2 * cols * s + factor + max(leaves, 8 * t))
         kept = 16 * t + q * s
         held += kept
