@@ -31,17 +31,24 @@ def fitted_forest(trees=7, depth=3, seed=11):
     return forest, z
 
 
-def one_hot_by_hand(forest: ForestEffect, z: torch.Tensor) -> np.ndarray:
-    """Phi[n, t L + leaf] = 1 / sqrt(T), leaf = sum_l 2^l [z_{f_tl} > c_tl], with explicit loops."""
+def leaves_by_hand(forest: ForestEffect, z: torch.Tensor) -> np.ndarray:
+    """(g, n, T) column indices t L + leaf, leaf = sum_l 2^l [z_{f_tl} > c_tl], with explicit loops."""
     g, n, _ = z.shape
     features, thresholds = forest.features.numpy(), forest.thresholds.numpy()
-    out = np.zeros((g, n, forest.width))
+    out = np.zeros((g, n, forest.n_trees), dtype=np.int64)
     for gi in range(g):
         for row in range(n):
             for t in range(forest.n_trees):
-                leaf = sum(2 ** level for level in range(forest.depth)
-                           if z[gi, row, features[t, level]] > thresholds[t, level])
-                out[gi, row, t * forest.leaves + leaf] = 1.0 / math.sqrt(forest.n_trees)
+                out[gi, row, t] = t * forest.leaves + sum(2 ** level for level in range(forest.depth)
+                                                          if z[gi, row, features[t, level]] > thresholds[t, level])
+    return out
+
+
+def one_hot_by_hand(forest: ForestEffect, z: torch.Tensor) -> np.ndarray:
+    """Phi[n, t L + leaf] = 1 / sqrt(T) at the leaves by hand."""
+    columns = leaves_by_hand(forest, z)
+    out = np.zeros((*columns.shape[:2], forest.width))
+    np.put_along_axis(out, columns, 1.0 / math.sqrt(forest.n_trees), axis=-1)
     return out
 
 
@@ -78,11 +85,8 @@ def test_leaf_index_equals_the_loop_by_hand_for_one_byte_and_wider_leaves():
         forest, z = fitted_forest(trees=3, depth=depth)
         index = forest.leaf_index(z)
         assert index.dtype == torch.int32 and index.shape == (*z.shape[:-1], 3)
-        features, thresholds = forest.features.numpy(), forest.thresholds.numpy()
-        by_hand = np.array([[[t * forest.leaves + sum(2 ** level for level in range(depth)
-                                                    if z[g, row, features[t, level]] > thresholds[t, level])
-                              for t in range(3)] for row in range(z.shape[1])] for g in range(z.shape[0])])
-        np.testing.assert_array_equal(index.numpy(), by_hand)
+        assert forest.leaf_dtype == (torch.uint8 if depth == 8 else torch.int32)
+        np.testing.assert_array_equal(index.numpy(), leaves_by_hand(forest, z))
         assert index.numpy().max() >= 2 ** (depth - 1)  # the top level's bit is reached
         strided = z.transpose(0, 1).contiguous().transpose(0, 1)  # z's values, rows and groups swapped in memory
         assert not strided.is_contiguous()

@@ -117,8 +117,8 @@ def vector_description(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 
 def machine_info(device: str = "cpu") -> Dict[str, str]:
-    """CPU (model name, family and model, logical cores), its threads per core and caches, its vector extensions and torch's view of them,
-    memory, GPU name, torch and Python versions, and the 1-minute load average when it is read. torch is
+    """CPU (model name, family and model, logical cores), its threads per core and caches, its vector
+    extensions and torch's view of them, memory, GPU name, torch and Python versions, and the 1-minute load average when it is read. torch is
     imported only to name a CUDA device (its CPU capability comes from a fresh python unless it is
     loaded): the benchmarks' own process stays lean while the timed runs go on beside it."""
     import psutil

@@ -54,11 +54,22 @@ class ForestEffect(IndexedEffect):
         return 1
 
     @property
+    def index_dtype(self) -> torch.dtype:
+        """The leaves' column indices t L + leaf: int32, int64 if T L >= 2^31."""
+        return torch.int32 if self.width < 2**31 else torch.int64
+
+    @property
+    def leaf_dtype(self) -> torch.dtype:
+        """`leaf_index`'s leaves while it builds them: one byte while d <= 8 (L <= 256), else the index's."""
+        return torch.uint8 if self.depth <= 8 else self.index_dtype
+
+    @property
     def work_width(self) -> int:
-        # the picked features (T, in the chunk's dtype, counted as 8 bytes), the comparisons and the
-        # one-byte leaves (2T bytes), the columns' (C, n) copy, besides the leaves themselves (`slots`):
-        # in 8-byte columns
-        return self.n_trees + (2 * self.n_trees + 7) // 8 + len(self.columns)
+        # the picked features (T, in the chunk's dtype, counted as 8 bytes), the comparisons (T bytes) and
+        # the leaves being built (`leaf_dtype`), the columns' (C, n) copy, besides the leaves themselves
+        # (`slots`): in 8-byte columns
+        leaf_bytes = self.leaf_dtype.itemsize
+        return self.n_trees + ((1 + leaf_bytes) * self.n_trees + 7) // 8 + len(self.columns)
 
     def fit(self, raw: np.ndarray, scaled: np.ndarray) -> None:
         """Thresholds from each chosen feature's scaled training values (see the module docstring)."""
@@ -85,13 +96,13 @@ class ForestEffect(IndexedEffect):
         Per row: the picked features T s, the comparisons T and the leaves T bytes (with the columns'
         copy C s), then the int32 or int64 leaves."""
         lead, n_cols = scaled.shape[:-1], scaled.shape[-1]
-        dtype = torch.int32 if self.width < 2**31 else torch.int64
+        dtype = self.index_dtype
         device = scaled.device
         features = self.features.to(device)
         thresholds = self.thresholds.to(device=device, dtype=scaled.dtype)
         columns = scaled.reshape(-1, n_cols).T.contiguous()  # (C, n)
         n_rows = columns.shape[1]
-        leaf = torch.zeros(self.n_trees, n_rows, dtype=torch.uint8 if self.depth <= 8 else dtype, device=device)
+        leaf = torch.zeros(self.n_trees, n_rows, dtype=self.leaf_dtype, device=device)
         picked = torch.empty(leaf.shape, dtype=scaled.dtype, device=device)
         above = torch.empty(leaf.shape, dtype=torch.bool, device=device)
         for level in range(self.depth):
